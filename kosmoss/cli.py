@@ -1,0 +1,31 @@
+"""``kosmoss``: registers one subcommand per module of :mod:`kosmoss.commands`."""
+from __future__ import annotations
+
+import sys
+
+from . import __version__
+from .cli_support import OneLineParser, run_command
+from .commands import data, train
+
+COMMANDS = (data, train)
+DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="kosmoss", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"kosmoss {__version__}")
+    subparsers = parser.add_subparsers(dest="subcommand", required=True,
+                                       parser_class=OneLineParser)
+    for command in COMMANDS:
+        command.register(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return run_command(f"kosmoss {args.subcommand}", lambda: args.command(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

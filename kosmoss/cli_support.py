@@ -1,0 +1,26 @@
+"""What every kosmoss command line shares: one-line errors and exit codes."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from .errors import EXIT_OK, EXIT_USAGE, UsageError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block before an error; users get one line."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def run_command(prog: str, command: Callable[[], object]) -> int:
+    """Bad input -> one line on stderr and exit 2; a failure during the run keeps its
+    traceback (exit 1) because that is what someone debugging needs."""
+    try:
+        command()
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""One module per ``kosmoss`` subcommand: its parser, its command function, its main()."""

@@ -1,0 +1,105 @@
+"""``LitMLP``: the radiation-column MLP as a LightningModule.
+
+Normalisation of x and de-normalisation of y are registered buffers built from the
+dataset statistics: they follow the module to its device and are saved in checkpoints,
+so a checkpoint alone predicts in W m-2.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torchmetrics import MeanSquaredError
+
+from .data.stats import Statistics
+
+ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
+
+
+def mlp(in_channels: int, hidden_channels: Sequence[int], out_channels: int,
+        activation: str = "silu") -> nn.Sequential:
+    sizes = [in_channels, *hidden_channels]
+    layers = []
+    for size_in, size_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(size_in, size_out), ACTIVATIONS[activation]()]
+    layers.append(nn.Linear(sizes[-1], out_channels))
+    return nn.Sequential(*layers)
+
+
+class LitMLP(pl.LightningModule):
+    """Flattened column in, 4 x 138 fluxes out. The default is the course's model:
+    3 hidden layers of 100, SiLU. Loss: MSE on normalised targets; RMSE also in W m-2."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: Sequence[int] = (100, 100, 100),
+        out_channels: int = 552,
+        lr: float = 1e-3,
+        activation: str = "silu",
+        stats: Optional[Statistics] = None,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        # Statistics live in buffers (and so in the state dict), not in hyperparameters.
+        self.save_hyperparameters(ignore=["stats"])
+        self.net = mlp(in_channels, list(hidden_channels), out_channels, activation)
+        self._register_stats(in_channels, out_channels, stats)
+        self.rmse_wm2 = nn.ModuleDict({s: MeanSquaredError(squared=False) for s in ("val", "test")})
+
+    def _register_stats(self, n_x: int, n_y: int, stats: Optional[Statistics]) -> None:
+        # Without stats (e.g. load_from_checkpoint) the buffers are placeholders that the
+        # checkpoint's state dict then fills in.
+        values = {
+            "x_mean": stats.x_mean if stats else torch.zeros(n_x),
+            "x_std": Statistics.safe_std(stats.x_std) if stats else torch.ones(n_x),
+            "y_mean": stats.y_mean if stats else torch.zeros(n_y),
+            "y_std": Statistics.safe_std(stats.y_std) if stats else torch.ones(n_y),
+        }
+        for name, value in values.items():
+            self.register_buffer(name, torch.as_tensor(value, dtype=torch.float32).clone())
+
+    def normalize_x(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.x_mean) / self.x_std
+
+    def normalize_y(self, y: torch.Tensor) -> torch.Tensor:
+        return (y - self.y_mean) / self.y_std
+
+    def denormalize_y(self, y_normalized: torch.Tensor) -> torch.Tensor:
+        return y_normalized * self.y_std + self.y_mean
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Physical inputs -> fluxes in W m-2."""
+        return self.denormalize_y(self.net(self.normalize_x(x)))
+
+    def _common_step(self, batch, stage: str) -> torch.Tensor:
+        x, y = batch
+        prediction = self.net(self.normalize_x(x))
+        loss = nn.functional.mse_loss(prediction, self.normalize_y(y))
+        on_step = stage == "train"
+        self.log(f"{stage}_loss", loss, on_step=on_step, on_epoch=not on_step,
+                 prog_bar=True, sync_dist=not on_step, batch_size=len(x))
+        if stage in self.rmse_wm2:
+            metric = self.rmse_wm2[stage]
+            metric(self.denormalize_y(prediction), y)
+            self.log(f"{stage}_rmse_wm2", metric, on_step=False, on_epoch=True, batch_size=len(x))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._common_step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        return self._common_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        return self._common_step(batch, "test")
+
+    def predict_step(self, batch, batch_idx):
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

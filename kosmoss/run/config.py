@@ -1,0 +1,68 @@
+"""The typed configuration of one training run, and its checks."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from ..cpus import available_cores
+from ..data.loading import MODES
+from ..data.presets import DEFAULT_PRESET
+from ..errors import UsageError
+from ..scaling import LR_RULES
+
+
+@dataclass
+class RunConfig:
+    batch_size: int = 256  # global: split over every process of the run
+    num_processes: int = 1  # per node
+    lr: float = 1e-3
+    scale_lr: str = "none"
+    base_batch_size: Optional[int] = None
+    max_epochs: int = 10
+    max_steps: int = -1
+    dataset: str = DEFAULT_PRESET
+    seed: int = 42
+    result_json: Optional[Path] = None
+    hidden: Tuple[int, ...] = (100, 100, 100)
+    mode: str = "efficient"
+    num_workers: Optional[int] = None  # None: sized per process from the cores
+    accelerator: str = "cpu"
+    num_nodes: int = 1
+    progress: bool = True
+    warnings: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["result_json"] = str(self.result_json) if self.result_json else None
+        return data
+
+
+def validate(config: RunConfig) -> List[str]:
+    """Raise :class:`UsageError` for the first bad flag; return warnings for odd ones."""
+    _at_least(config.num_processes, 1, "--num-processes")
+    _at_least(config.num_nodes, 1, "--num-nodes")
+    _at_least(config.max_epochs, 1, "--max-epochs")
+    if config.max_steps != -1 and config.max_steps < 1:
+        raise UsageError(f"--max-steps {config.max_steps}: must be >= 1 (or -1 for no limit)")
+    if config.scale_lr not in LR_RULES:
+        raise UsageError(f"--scale-lr {config.scale_lr!r}: choose one of {', '.join(LR_RULES)}")
+    if config.mode not in MODES:
+        raise UsageError(f"--mode {config.mode!r}: choose one of {', '.join(MODES)}")
+    if not config.hidden or min(config.hidden) < 1:
+        raise UsageError(f"--hidden {config.hidden}: give one or more layer sizes >= 1")
+    if config.num_workers is not None and config.num_workers < 0:
+        raise UsageError(f"--num-workers {config.num_workers}: must be >= 0")
+    if config.result_json is not None and Path(config.result_json).is_dir():
+        raise UsageError(f"--result-json {config.result_json}: is a directory; give a file path")
+    warnings = []
+    cores = available_cores()
+    if config.accelerator == "cpu" and config.num_processes > cores:
+        warnings.append(f"--num-processes {config.num_processes} is more than the {cores} "
+                        "CPU cores available: processes will share cores and run slower")
+    return warnings
+
+
+def _at_least(value: int, minimum: int, flag: str) -> None:
+    if value < minimum:
+        raise UsageError(f"{flag} {value}: must be >= {minimum}")

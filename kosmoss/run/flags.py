@@ -1,0 +1,52 @@
+"""The flags of trainup_cpu.py (and, with GPU flags added, trainup_gpu.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..data.loading import MODES
+from ..data.presets import DEFAULT_PRESET
+from ..scaling import LR_RULES
+from .config import RunConfig
+
+DEFAULTS = RunConfig()
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--batch-size", type=int, default=DEFAULTS.batch_size,
+        help="global batch, split evenly over all processes (default %(default)s)")
+    add("--num-processes", type=int, default=DEFAULTS.num_processes,
+        help="processes (ranks) per node; >1 runs DDP (default %(default)s)")
+    add("--lr", type=float, default=DEFAULTS.lr,
+        help="learning rate tuned for --base-batch-size (default %(default)s)")
+    add("--scale-lr", choices=LR_RULES, default=DEFAULTS.scale_lr,
+        help="scale --lr with k = global batch / base batch (default %(default)s)")
+    add("--base-batch-size", type=int, default=None,
+        help="batch --lr was tuned for (default: the per-device batch)")
+    add("--max-epochs", type=int, default=DEFAULTS.max_epochs, help="(default %(default)s)")
+    add("--max-steps", type=int, default=DEFAULTS.max_steps,
+        help="stop after this many optimizer steps; -1: no limit (default %(default)s)")
+    add("--dataset", default=DEFAULT_PRESET,
+        help="preset name (tiny, small, large; prepared on first use) or dataset folder "
+             "(default %(default)s)")
+    add("--seed", type=int, default=DEFAULTS.seed, help="(default %(default)s)")
+    add("--result-json", type=Path, default=None,
+        help="also write result.json here (it is always in the run directory)")
+    add("--hidden", type=int, nargs="+", default=list(DEFAULTS.hidden),
+        help="hidden layer sizes (default: 100 100 100)")
+    add("--mode", choices=MODES, default=DEFAULTS.mode,
+        help="efficient: memory-mapped shards; controlled: shards copied to RAM")
+    add("--num-workers", type=int, default=None,
+        help="data workers per process (default: sized from the cores per process)")
+    add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
+    return RunConfig(
+        batch_size=args.batch_size, num_processes=args.num_processes, lr=args.lr,
+        scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
+        max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,
+        seed=args.seed, result_json=args.result_json, hidden=tuple(args.hidden),
+        mode=args.mode, num_workers=args.num_workers, progress=args.progress, **extra,
+    )

@@ -1,0 +1,199 @@
+"""Build the Trainer from a :class:`RunConfig`, fit, test, write ``result.json``.
+
+Lightning's launcher re-runs the same command for every extra local rank, so this
+function runs in every process: rank 0 prepares data, prints and writes; the others
+find the dataset and run directory ready and only train.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import uuid
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.utilities import rank_zero_only
+from rich.console import Console
+
+from .. import __version__, paths
+from ..cpus import default_num_workers
+from ..data import presets
+from ..data.datamodule import FlattenedDataModule
+from ..data.stats import Statistics
+from ..errors import UsageError
+from ..model import LitMLP
+from ..scaling import ScalingPlan, plan
+from .callbacks import ReplicaCheck, ThroughputMeter
+from .config import RunConfig, validate
+
+SPLITS = (0.8, 0.1, 0.1)
+RUN_ID_ENV = "KOSMOSS_RUN_ID"
+
+
+@rank_zero_only
+def say(message: str) -> None:
+    Console(highlight=False, soft_wrap=True).print(message, markup=False)
+
+
+def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
+    """Check everything, then train. Bad input raises :class:`UsageError` before anything
+    is written (only a missing preset dataset is prepared)."""
+    config.warnings = validate(config) + list(config.warnings)
+    scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=config.num_nodes,
+                   devices_per_node=config.num_processes, base_batch_size=config.base_batch_size)
+    dataset = presets.resolve(config.dataset, log=echo, verify=rank_zero_only.rank == 0)
+    _check_fits(dataset.n_samples, scaling)
+    for warning in config.warnings:
+        echo(f"warning: {warning}")
+    echo("\n".join(["scaling:"] + [f"  {line}" for line in scaling.lines()]))
+
+    run_dir = _run_dir()
+    pl.seed_everything(config.seed, workers=True, verbose=False)
+    datamodule = FlattenedDataModule(
+        dataset, batch_size=scaling.per_device_batch_size, mode=config.mode, splits=SPLITS,
+        seed=config.seed, num_workers=_num_workers(config),
+    )
+    stats = dataset.statistics()
+    model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats)
+    meter, replicas = ThroughputMeter(), ReplicaCheck()
+    trainer = _trainer(config, scaling, run_dir, dataset.n_samples, [meter, replicas])
+    with warnings.catch_warnings():
+        # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        trainer.fit(model, datamodule=datamodule)
+        val_loss = _metric(trainer, "val_loss")
+        val_rmse = _metric(trainer, "val_rmse_wm2")
+        tested = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+    result = {
+        "run_id": run_dir.name,
+        "run_dir": str(run_dir),
+        "dataset": str(dataset.path),
+        "n_samples": dataset.n_samples,
+        "split_sizes": {k: len(v) for k, v in datamodule.indices.items()},
+        **_topology(config, scaling),
+        "global_step": trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "train_samples_per_s": meter.samples_per_s,
+        "time_to_first_step_s": meter.first_step_s,
+        "val_loss": val_loss,
+        "val_rmse_wm2": val_rmse,
+        "test_loss": tested.get("test_loss"),
+        "test_rmse_wm2": tested.get("test_rmse_wm2"),
+        "mean_baseline_loss": mean_baseline_loss(stats),
+        "params": sum(p.numel() for p in model.parameters()),
+        "replica_checksums": replicas.checksums,
+        "replicas_identical": replicas.identical,
+        "warnings": config.warnings,
+        "seed": config.seed,
+        "config": config.as_dict(),
+        "versions": _versions(),
+    }
+    if trainer.is_global_zero:
+        _write_results(result, run_dir, config.result_json)
+        echo(f"val_loss {val_loss:.4g} (predict-the-mean: {result['mean_baseline_loss']:.3g}), "
+             f"test_loss {result['test_loss']:.4g}, {result['train_samples_per_s'] or 0:,.0f} "
+             f"samples/s; results in {run_dir / 'result.json'}")
+    return result
+
+
+def _check_fits(n_samples: int, scaling: ScalingPlan) -> None:
+    n_train = int(n_samples * SPLITS[0])
+    if n_train < scaling.global_batch_size:
+        raise UsageError(f"--batch-size {scaling.global_batch_size} is larger than the "
+                         f"~{n_train} training samples of the dataset: use a smaller batch "
+                         "or a larger --dataset")
+
+
+def _run_dir() -> Path:
+    """Rank 0 names the run; the ranks Lightning starts inherit the name via the env."""
+    inherited = os.environ.get(RUN_ID_ENV) if os.environ.get("LOCAL_RANK") else None
+    run_id = inherited or f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    os.environ[RUN_ID_ENV] = run_id
+    run_dir = paths.runs_root() / run_id
+    if rank_zero_only.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _num_workers(config: RunConfig) -> int:
+    if config.num_workers is not None:
+        return config.num_workers
+    return default_num_workers(config.num_processes)
+
+
+def _trainer(config: RunConfig, scaling: ScalingPlan, run_dir: Path, n_samples: int,
+             callbacks: list) -> pl.Trainer:
+    steps_per_epoch = max(1, int(n_samples * SPLITS[0]) // scaling.global_batch_size)
+    distributed = scaling.world_size > 1
+    callbacks = callbacks + [
+        ModelCheckpoint(dirpath=run_dir / "checkpoints", monitor="val_loss", save_last=True),
+    ]
+    if config.progress:
+        callbacks.append(RichProgressBar())
+    return pl.Trainer(
+        accelerator=config.accelerator,
+        devices=config.num_processes,
+        num_nodes=config.num_nodes,
+        strategy=DDPStrategy(process_group_backend="gloo") if distributed else "auto",
+        max_epochs=config.max_epochs,
+        max_steps=config.max_steps,
+        logger=[TensorBoardLogger(run_dir, name="tensorboard", version=""),
+                CSVLogger(run_dir, name="csv", version="")],
+        callbacks=callbacks,
+        # FlattenedDataModule already gives each rank its share of every batch.
+        use_distributed_sampler=False,
+        log_every_n_steps=min(50, steps_per_epoch),
+        enable_progress_bar=config.progress,
+        default_root_dir=run_dir,
+    )
+
+
+def _topology(config: RunConfig, scaling: ScalingPlan) -> dict:
+    distributed = scaling.world_size > 1
+    return {
+        "world_size": scaling.world_size,
+        "num_nodes": scaling.num_nodes,
+        "devices_per_node": scaling.devices_per_node,
+        "accelerator": config.accelerator,
+        "strategy": "ddp" if distributed else "single",
+        "backend": "gloo" if distributed else "none",
+        "global_batch_size": scaling.global_batch_size,
+        "per_device_batch_size": scaling.per_device_batch_size,
+        "base_batch_size": scaling.base_batch_size,
+        "base_lr": scaling.base_lr,
+        "lr": scaling.lr,
+        "lr_rule": scaling.lr_rule,
+        "lr_factor": scaling.lr_factor,
+    }
+
+
+def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
+    value = trainer.callback_metrics.get(name)
+    return None if value is None else float(value)
+
+
+def mean_baseline_loss(stats: Statistics) -> float:
+    """Loss of always predicting the mean, on normalised targets: the bar to beat."""
+    return float(np.mean((stats.y_std / Statistics.safe_std(stats.y_std)) ** 2))
+
+
+def _versions() -> dict:
+    return {"kosmoss": __version__, "torch": torch.__version__, "lightning": pl.__version__,
+            "python": platform.python_version()}
+
+
+def _write_results(result: dict, run_dir: Path, extra: Optional[Path]) -> None:
+    for target in [run_dir / "result.json"] + ([Path(extra)] if extra else []):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, target)

@@ -1,0 +1,74 @@
+"""The scaling arithmetic, in one place: global batch -> per-device batch, and the
+learning rate that goes with the effective batch.
+
+``--lr`` is the rate tuned for ``base_batch_size`` (default: the per-device batch). With
+``k = global batch / base batch``: ``linear`` multiplies it by k (Goyal et al. 2017),
+``sqrt`` by sqrt(k) (Krizhevsky 2014), ``none`` keeps it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import List, Optional
+
+from .errors import UsageError
+
+LR_RULES = ("none", "linear", "sqrt")
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    world_size: int
+    num_nodes: int
+    devices_per_node: int
+    global_batch_size: int
+    per_device_batch_size: int
+    base_batch_size: int
+    base_lr: float
+    lr: float
+    lr_rule: str
+    lr_factor: float
+
+    def lines(self) -> List[str]:
+        """The arithmetic as a learner would write it down."""
+        return [
+            f"world size      = {self.num_nodes} node(s) x {self.devices_per_node} "
+            f"process(es) = {self.world_size}",
+            f"global batch    = {self.global_batch_size}",
+            f"per-device batch = {self.global_batch_size} / {self.world_size} = "
+            f"{self.per_device_batch_size}",
+            f"learning rate   = {self.base_lr:g} (base, tuned for batch {self.base_batch_size})"
+            f" x {self.lr_factor:.4g} ({self.lr_rule}) = {self.lr:.6g}",
+        ]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_factor(rule: str, k: float) -> float:
+    if rule not in LR_RULES:
+        raise UsageError(f"--scale-lr {rule!r}: choose one of {', '.join(LR_RULES)}")
+    return {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
+
+
+def plan(global_batch_size: int, base_lr: float, lr_rule: str = "none", *,
+         num_nodes: int = 1, devices_per_node: int = 1,
+         base_batch_size: Optional[int] = None) -> ScalingPlan:
+    """Check the numbers and derive the rest; raises :class:`UsageError` naming the flag."""
+    world = num_nodes * devices_per_node
+    if global_batch_size < world:
+        raise UsageError(f"--batch-size {global_batch_size} is smaller than the world size "
+                         f"{world}: give at least one sample per process")
+    if global_batch_size % world:
+        low = global_batch_size // world * world
+        raise UsageError(f"--batch-size {global_batch_size} is not divisible by the world size "
+                         f"{world}: use a multiple of {world}, e.g. {low} or {low + world}")
+    if not base_lr > 0 or not math.isfinite(base_lr):
+        raise UsageError(f"--lr {base_lr}: the learning rate must be a number > 0")
+    per_device = global_batch_size // world
+    base = per_device if base_batch_size is None else base_batch_size
+    if base < 1:
+        raise UsageError(f"--base-batch-size {base}: must be >= 1")
+    factor = lr_factor(lr_rule, global_batch_size / base)
+    return ScalingPlan(world, num_nodes, devices_per_node, global_batch_size, per_device,
+                       base, base_lr, base_lr * factor, lr_rule, factor)

@@ -1,0 +1,4 @@
+# Metadata lives in pyproject.toml; this shim keeps `python setup.py develop` working.
+from setuptools import setup
+
+setup()

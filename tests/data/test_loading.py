@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+import torch
+
+from kosmoss.data.datamodule import FlattenedDataModule
+from kosmoss.data.loading import FlattenedDataset, RankBatchSampler, split_indices
+
+
+def test_batched_read_matches_per_sample_read(random_dataset):
+    data = FlattenedDataset(random_dataset)
+    indices = np.array([999, 3, 500, 128, 127, 3])
+    x, y = data[indices]
+    for row, i in enumerate(indices):
+        xi, yi = data[int(i)]
+        torch.testing.assert_close(x[row], xi)
+        torch.testing.assert_close(y[row], yi)
+    assert x.dtype == torch.float32 and x.shape == (6, random_dataset.n_x)
+
+
+def test_modes_read_the_same(random_dataset):
+    idx = np.arange(0, 1000, 7)
+    a = FlattenedDataset(random_dataset, mode="efficient")[idx]
+    b = FlattenedDataset(random_dataset, mode="controlled")[idx]
+    torch.testing.assert_close(a, b)
+
+
+def test_out_of_range_is_an_index_error(random_dataset):
+    with pytest.raises(IndexError):
+        FlattenedDataset(random_dataset)[np.array([1000])]
+
+
+@pytest.mark.parametrize("n", [10, 11, 997, 1000])
+def test_split_sizes_add_up_and_are_disjoint(n):
+    parts = split_indices(n, (0.8, 0.1, 0.1), seed=3)
+    assert sum(len(p) for p in parts) == n
+    assert len(np.unique(np.concatenate(parts))) == n
+    again = split_indices(n, (0.8, 0.1, 0.1), seed=3)
+    assert all((a == b).all() for a, b in zip(parts, again))
+
+
+@pytest.mark.parametrize("n, batch, world", [
+    (1000, 32, 1), (1000, 32, 2), (1001, 32, 2), (1000, 7, 3), (97, 16, 4),
+    (65, 16, 2), (66, 16, 4), (5, 16, 4), (4, 1, 4), (129, 64, 2),
+])
+def test_every_sample_once_per_epoch_across_ranks(n, batch, world):
+    indices = np.arange(100, 100 + n)
+    samplers = [RankBatchSampler(indices, batch, rank=r, world_size=world, seed=5)
+                for r in range(world)]
+    for epoch in range(2):
+        seen = []
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+            batches = list(sampler)
+            assert len(batches) == len(sampler)
+            assert all(0 < len(b) <= batch + 1 for b in batches)
+            seen.extend(np.concatenate(batches).tolist())
+        assert sorted(seen) == indices.tolist()
+        assert len({len(s) for s in samplers}) == 1  # same number of steps on every rank
+
+
+def test_shuffle_spans_the_whole_dataset_and_changes_each_epoch():
+    sampler = RankBatchSampler(np.arange(10_000), 100, seed=0)
+    first = np.concatenate(list(sampler))
+    sampler.set_epoch(1)
+    second = np.concatenate(list(sampler))
+    assert not (first == second).all()
+    assert first[:100].max() - first[:100].min() > 5_000  # one batch draws from everywhere
+    unshuffled = RankBatchSampler(np.arange(50), 10, shuffle=False)
+    assert np.concatenate(list(unshuffled)).tolist() == list(range(50))
+
+
+def test_datamodule_loaders_give_whole_batches(random_dataset):
+    dm = FlattenedDataModule(random_dataset, batch_size=64, seed=1)
+    dm.setup("fit")
+    assert {k: len(v) for k, v in dm.indices.items()} == {"train": 800, "val": 100, "test": 100}
+    batches = list(dm.train_dataloader())
+    assert [len(x) for x, _ in batches[:-1]] == [64] * 12
+    assert sum(len(x) for x, _ in batches) == 800
+
+
+def test_datamodule_with_workers_reads_the_same(random_dataset):
+    plain = FlattenedDataModule(random_dataset, batch_size=50, seed=1)
+    workers = FlattenedDataModule(random_dataset, batch_size=50, seed=1, num_workers=2)
+    for dm in (plain, workers):
+        dm.setup("fit")
+    for (xa, ya), (xb, yb) in zip(plain.val_dataloader(), workers.val_dataloader()):
+        torch.testing.assert_close(xa, xb)
+        torch.testing.assert_close(ya, yb)

@@ -1,0 +1,107 @@
+import json
+
+import numpy as np
+import pytest
+
+from conftest import RandomSource
+from kosmoss.data import presets
+from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
+from kosmoss.errors import DatasetError, UsageError
+
+
+def _all_rows(dataset):
+    x = np.concatenate([np.load(dataset.path / s.x_file) for s in dataset.shards])
+    y = np.concatenate([np.load(dataset.path / s.y_file) for s in dataset.shards])
+    return x, y
+
+
+def test_prepared_dataset_matches_source_and_metadata(tmp_path):
+    source = RandomSource(300, levels=4)
+    dataset = prepare(source, tmp_path / "d", shard_size=128)
+    assert [s.rows for s in dataset.shards] == [128, 128, 44]
+    meta = json.loads((tmp_path / "d" / METADATA_FILE).read_text())
+    assert meta["n_x"] == source.schema.n_x and meta["dtype"] == "float32"
+    assert meta["source"]["name"] == "random" and meta["schema"]["levels"] == 4
+    x, y = _all_rows(dataset)
+    expected = [source.schema.flatten(b) for b in source.iter_chunks(128)]
+    np.testing.assert_array_equal(x, np.concatenate([e[0] for e in expected]))
+    np.testing.assert_array_equal(y, np.concatenate([e[1] for e in expected]))
+
+
+def test_statistics_equal_numpy_on_the_whole_data(random_dataset):
+    x, y = _all_rows(random_dataset)
+    stats = random_dataset.statistics()
+    np.testing.assert_allclose(stats.x_mean, x.astype(np.float64).mean(axis=0), atol=1e-9)
+    np.testing.assert_allclose(stats.x_std, x.astype(np.float64).std(axis=0), atol=1e-9)
+    np.testing.assert_allclose(stats.y_mean, y.astype(np.float64).mean(axis=0), atol=1e-9)
+    np.testing.assert_allclose(stats.y_std, y.astype(np.float64).std(axis=0), atol=1e-9)
+    assert stats.x_std[0] == 0.0  # the constant feature
+
+
+def test_interrupted_preparation_leaves_nothing_that_loads(tmp_path):
+    class Failing(RandomSource):
+        def iter_chunks(self, chunk_size):
+            for i, blocks in enumerate(super().iter_chunks(chunk_size)):
+                if i == 2:
+                    raise KeyboardInterrupt
+                yield blocks
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(Failing(500), tmp_path / "d", shard_size=100)
+    assert not (tmp_path / "d").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".d.tmp")]
+
+
+def test_existing_dataset_is_kept_unless_forced(tmp_path):
+    first = prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=100)
+    again = prepare(RandomSource(200, seed=2), tmp_path / "d", shard_size=100)
+    assert again.shards == first.shards
+    forced = prepare(RandomSource(200, seed=2), tmp_path / "d", shard_size=100, force=True)
+    assert forced.shards[0].x_sha256 != first.shards[0].x_sha256
+
+
+def test_foreign_folder_is_never_replaced(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(DatasetError, match="--force"):
+        presets.prepare_checked(RandomSource(10), folder, 10)
+    assert (folder / "notes.txt").read_text() == "keep me"
+
+
+def test_folder_without_metadata_is_named(tmp_path):
+    (tmp_path / "half").mkdir()
+    with pytest.raises(DatasetError, match=r"half: no metadata.json"):
+        open_dataset(tmp_path / "half")
+
+
+def test_corrupted_shard_is_named(random_dataset):
+    shard = random_dataset.path / random_dataset.shards[1].x_file
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    open_dataset(random_dataset.path, verify=False)  # shapes still fine
+    with pytest.raises(DatasetError, match=r"x_00001.npy: checksum does not match"):
+        open_dataset(random_dataset.path)
+
+
+def test_truncated_or_reshaped_shard_is_named(random_dataset):
+    shard = random_dataset.path / random_dataset.shards[0].y_file
+    np.save(shard, np.zeros((5, 3), np.float32))
+    with pytest.raises(DatasetError, match=r"y_00000.npy: shape \(5, 3\)"):
+        open_dataset(random_dataset.path, verify=False)
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DatasetError, match=r"y_00000.npy: corrupted shard"):
+        open_dataset(random_dataset.path, verify=False)
+
+
+def test_resolve_unknown_preset_names_flag(kosmoss_home):
+    with pytest.raises(UsageError, match=r"^--dataset nope: unknown preset 'nope'"):
+        presets.resolve("nope")
+    assert not kosmoss_home.exists()
+
+
+def test_resolve_prepares_a_missing_preset(kosmoss_home, monkeypatch):
+    monkeypatch.setitem(presets.PRESETS, "tiny", presets.Preset("tiny", 64, 32, "test", levels=3))
+    dataset = presets.resolve("tiny")
+    assert dataset.path == kosmoss_home / "data" / "tiny" and dataset.n_samples == 64

@@ -1,0 +1,38 @@
+import math
+
+import pytest
+
+from kosmoss.errors import UsageError
+from kosmoss.scaling import plan
+
+
+def test_per_device_batch_and_linear_rule():
+    p = plan(512, 1e-3, "linear", devices_per_node=2, num_nodes=2)
+    assert (p.world_size, p.per_device_batch_size, p.base_batch_size) == (4, 128, 128)
+    assert p.lr == pytest.approx(4e-3) and p.lr_factor == 4
+
+
+def test_sqrt_rule_and_explicit_base_batch():
+    p = plan(1024, 0.01, "sqrt", devices_per_node=2, base_batch_size=64)
+    assert p.lr == pytest.approx(0.01 * math.sqrt(1024 / 64))
+
+
+def test_none_keeps_the_rate():
+    assert plan(256, 0.5, "none", devices_per_node=4).lr == 0.5
+
+
+@pytest.mark.parametrize("batch, lr, rule, match", [
+    (101, 1e-3, "none", "not divisible"),
+    (1, 1e-3, "none", "smaller than the world size"),
+    (100, 0.0, "none", "--lr"),
+    (100, -1.0, "none", "--lr"),
+    (100, 1e-3, "cubic", "--scale-lr"),
+])
+def test_bad_numbers_name_the_flag(batch, lr, rule, match):
+    with pytest.raises(UsageError, match=match):
+        plan(batch, lr, rule, devices_per_node=2)
+
+
+def test_arithmetic_is_printed_in_full():
+    text = "\n".join(plan(256, 1e-3, "linear", devices_per_node=2).lines())
+    assert "256 / 2 = 128" in text and "x 2 (linear) = 0.002" in text

@@ -1,0 +1,26 @@
+"""Train the radiation-column MLP on CPU: one process, or DDP over gloo with N.
+
+    python trainup_cpu.py                                   # 1 process, dataset 'small'
+    python trainup_cpu.py --num-processes 2                 # DDP, Lightning starts rank 1
+    python trainup_cpu.py --num-processes 2 --batch-size 512 --scale-lr linear
+    python trainup_cpu.py --dataset tiny --max-epochs 1 --result-json /tmp/result.json
+
+--batch-size is the global batch: each of the N processes gets batch-size / N.
+Results go to $KOSMOSS_HOME/runs/<run-id>/ (result.json, TensorBoard, CSV, checkpoints).
+"""
+import sys
+
+from kosmoss.cli_support import OneLineParser, run_command
+from kosmoss.run import run
+from kosmoss.run.flags import add_run_flags, config_from_args
+
+
+def main(argv=None) -> int:
+    parser = OneLineParser(prog="trainup_cpu.py", description=__doc__.split("\n\n")[0])
+    add_run_flags(parser)
+    args = parser.parse_args(argv)
+    return run_command(parser.prog, lambda: run(config_from_args(args, accelerator="cpu")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
