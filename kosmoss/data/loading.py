@@ -38,8 +38,9 @@ class FlattenedDataset(Dataset):
     def _open_shards(self) -> None:
         mmap_mode = "r" if self.mode == "efficient" else None
         folder, shards = self.prepared.path, self.prepared.shards
-        self._x = [np.load(folder / s.x_file, mmap_mode=mmap_mode) for s in shards]
-        self._y = [np.load(folder / s.y_file, mmap_mode=mmap_mode) for s in shards]
+        # Plain ndarray views: np.memmap's Python-level __getitem__ costs on every read.
+        self._x = [np.asarray(np.load(folder / s.x_file, mmap_mode=mmap_mode)) for s in shards]
+        self._y = [np.asarray(np.load(folder / s.y_file, mmap_mode=mmap_mode)) for s in shards]
 
     def __getstate__(self) -> dict:
         # A pickled memmap becomes a full in-memory copy: data workers re-open the files.
@@ -67,19 +68,20 @@ class FlattenedDataset(Dataset):
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"indices out of range for a dataset of {len(self)} rows")
-        # Sorted reads walk each memmap forwards; ``order`` puts rows back as asked.
+        # Sorted reads walk each memmap forwards and land in one contiguous slice per shard.
         order = np.argsort(indices, kind="stable")
         sorted_idx = indices[order]
-        shard_of = np.searchsorted(self.offsets, sorted_idx, side="right") - 1
         x = np.empty((len(indices), self._x[0].shape[1]), dtype=np.float32)
         y = np.empty((len(indices), self._y[0].shape[1]), dtype=np.float32)
-        for shard in np.unique(shard_of):
-            pick = shard_of == shard
-            local = sorted_idx[pick] - self.offsets[shard]
-            x[order[pick]] = self._x[shard][local]
-            y[order[pick]] = self._y[shard][local]
+        bounds = np.searchsorted(sorted_idx, self.offsets)
+        for shard, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if hi > lo:
+                local = sorted_idx[lo:hi] - self.offsets[shard]
+                np.take(self._x[shard], local, axis=0, out=x[lo:hi])
+                np.take(self._y[shard], local, axis=0, out=y[lo:hi])
+        if not (order[1:] > order[:-1]).all():  # put rows back in the order asked for
+            x, y = x[np.argsort(order)], y[np.argsort(order)]
         return torch.from_numpy(x), torch.from_numpy(y)
-
 
 def split_indices(n: int, fractions: Sequence[float], seed: int) -> List[np.ndarray]:
     """Seeded split of ``range(n)``; sizes always add up to ``n`` (torch's
@@ -135,7 +137,8 @@ class RankBatchSampler(Sampler[np.ndarray]):
         return batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        return iter(self.batches())
+        # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
+        return (np.sort(batch) for batch in self.batches())
 
     def __len__(self) -> int:
         n, g = len(self.indices), self.batch_size * self.world_size

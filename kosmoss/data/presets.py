@@ -36,7 +36,8 @@ DEFAULT_PRESET = "small"
 
 
 def looks_like_path(spec: str) -> bool:
-    return "/" in spec or spec.startswith(".") or Path(spec).is_dir()
+    # Names never contain a slash; "./small" reaches a folder that shadows a preset.
+    return "/" in spec or spec.startswith((".", "~"))
 
 
 def resolve(
@@ -47,15 +48,18 @@ def resolve(
     log: Optional[Callable[[str], None]] = None,
     flag: str = "--dataset",
 ) -> PreparedDataset:
-    """A preset name (prepared on first use) or a dataset folder -> a checked dataset."""
+    """A preset name (prepared on first use), a dataset name under ``$KOSMOSS_HOME/data``
+    or a dataset folder -> a checked dataset."""
     try:
         if looks_like_path(spec):
-            return open_dataset(Path(spec), verify=verify)
-        if spec not in PRESETS:
-            raise UsageError(f"unknown preset {spec!r}: choose one of {', '.join(PRESETS)} "
-                             "or give the path of a prepared dataset")
+            return open_dataset(Path(spec).expanduser(), verify=verify)
         folder = paths.data_root() / spec
-        if not folder.exists() and prepare_missing:
+        if folder.exists():
+            return open_dataset(folder, verify=verify)
+        if spec not in PRESETS:
+            raise UsageError(f"unknown preset {spec!r}: choose one of {', '.join(PRESETS)}, "
+                             "the name of a dataset in $KOSMOSS_HOME/data or a dataset folder")
+        if prepare_missing:
             return prepare_preset(PRESETS[spec], log=log)
         return open_dataset(folder, verify=verify)
     except UsageError as err:

@@ -69,7 +69,12 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     with warnings.catch_warnings():
         # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        # Lightning 2.6 calls torch APIs that torch 2.13 deprecates: nothing a user can act on.
+        warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
+        warnings.filterwarnings("ignore", ".*all_gather is deprecated.*")
         trainer.fit(model, datamodule=datamodule)
+        if _metric(trainer, "val_loss") is None:  # --max-steps stopped before an epoch ended
+            trainer.validate(model, datamodule=datamodule, verbose=False)
         val_loss = _metric(trainer, "val_loss")
         val_rmse = _metric(trainer, "val_rmse_wm2")
         tested = trainer.test(model, datamodule=datamodule, verbose=False)[0]
@@ -99,10 +104,16 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     }
     if trainer.is_global_zero:
         _write_results(result, run_dir, config.result_json)
-        echo(f"val_loss {val_loss:.4g} (predict-the-mean: {result['mean_baseline_loss']:.3g}), "
-             f"test_loss {result['test_loss']:.4g}, {result['train_samples_per_s'] or 0:,.0f} "
-             f"samples/s; results in {run_dir / 'result.json'}")
+        echo(summary(result))
     return result
+
+
+def summary(result: dict) -> str:
+    speed = result["train_samples_per_s"]
+    return (f"val_loss {result['val_loss']:.4g} (predicting the mean: "
+            f"{result['mean_baseline_loss']:.3g}), test_loss {result['test_loss']:.4g}, "
+            f"{f'{speed:,.0f} samples/s' if speed else 'too few steps to time'}; "
+            f"results in {result['run_dir']}/result.json")
 
 
 def _check_fits(n_samples: int, scaling: ScalingPlan) -> None:

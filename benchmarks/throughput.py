@@ -1,0 +1,159 @@
+"""How close does the kosmoss training path get to the limit, and how much faster is its
+loader than the original course's? Every figure is a ratio measured in this one run.
+
+    python benchmarks/throughput.py                    # dataset 'small', batch 256
+    python benchmarks/throughput.py --dataset tiny --steps 60 --repeats 1   # a smoke run
+
+1. training: a raw PyTorch loop over tensors already in memory (the limit: same model,
+   batch, Adam, threads) against the full kosmoss path (Trainer + FlattenedDataModule
+   reading the shards), each timed after a warm-up, median of --repeats;
+2. loader: the original course's loader (one memmap opened per sample) against
+   FlattenedDataset's batched reads, same shuffled order, no training.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.utils.data import DataLoader, Dataset
+
+from kosmoss.data import presets
+from kosmoss.data.loading import FlattenedDataset, RankBatchSampler, split_indices
+from kosmoss.model import LitMLP
+from kosmoss.run import RunConfig, run
+from kosmoss.run.train import SPLITS
+
+console = Console(highlight=False)
+
+
+class PerSampleMemmapDataset(Dataset):
+    """The original course's loader: every sample opens its shard as a memmap."""
+
+    def __init__(self, prepared):
+        self.folder, self.shards = prepared.path, prepared.shards
+        self.offsets = np.cumsum([0] + [s.rows for s in self.shards])
+
+    def __len__(self):
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index):
+        shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        row = index - self.offsets[shard]
+        x = np.load(self.folder / self.shards[shard].x_file, mmap_mode="r")[row]
+        y = np.load(self.folder / self.shards[shard].y_file, mmap_mode="r")[row]
+        return torch.tensor(x), torch.tensor(y)
+
+
+def time_loader(loader, batches: int) -> float:
+    """Samples/s over ``batches`` batches, after one warm-up batch."""
+    iterator = (batch for _ in iter(int, 1) for batch in loader)  # epoch after epoch
+    next(iterator)
+    samples, start = 0, time.perf_counter()
+    for _ in range(batches):
+        x, _ = next(iterator)
+        samples += len(x)
+    return samples / (time.perf_counter() - start)
+
+
+def loader_rates(prepared, batch: int, batches: int) -> dict:
+    train = split_indices(prepared.n_samples, SPLITS, seed=0)[0]
+    sampler = RankBatchSampler(train, batch, seed=0)
+    order = np.concatenate(list(sampler)).tolist()
+    course = DataLoader(PerSampleMemmapDataset(prepared), batch_size=batch, sampler=order)
+    kosmoss = DataLoader(FlattenedDataset(prepared), sampler=sampler, batch_size=None)
+    slow_batches = max(3, batches // 20)  # the per-sample loader is slow: fewer batches
+    return {"course_per_sample": time_loader(course, slow_batches),
+            "kosmoss_batched": time_loader(kosmoss, batches)}
+
+
+def raw_loop_rate(prepared, batch: int, steps: int, warmup: int, lr: float) -> float:
+    """The limit: tensors in memory, nothing but forward, backward and the optimizer."""
+    train = split_indices(prepared.n_samples, SPLITS, seed=0)[0]
+    x, y = FlattenedDataset(prepared, mode="controlled").read(train)
+    model = LitMLP(prepared.n_x, (100, 100, 100), prepared.n_y, lr=lr,
+                   stats=prepared.statistics())
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    order = torch.cat([torch.randperm(len(x), generator=generator)
+                       for _ in range(1 + (steps + warmup) * batch // len(x))])
+    start = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            start = time.perf_counter()
+        idx = order[step * batch:(step + 1) * batch]
+        prediction = model.net(model.normalize_x(x[idx]))
+        loss = torch.nn.functional.mse_loss(prediction, model.normalize_y(y[idx]))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return steps * batch / (time.perf_counter() - start)
+
+
+def kosmoss_rate(dataset: str, batch: int, steps: int, warmup: int, lr: float) -> float:
+    config = RunConfig(dataset=dataset, batch_size=batch, max_steps=warmup + steps,
+                       max_epochs=10_000, lr=lr, progress=False)
+    return run(config, echo=lambda message: None)["train_samples_per_s"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default=presets.DEFAULT_PRESET)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    prepared = presets.resolve(args.dataset, log=console.print)
+    threads = torch.get_num_threads()
+    raw, full = [], []
+    for _ in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
+        raw.append(raw_loop_rate(prepared, args.batch_size, args.steps, args.warmup, args.lr))
+        full.append(kosmoss_rate(args.dataset, args.batch_size, args.steps, args.warmup, args.lr))
+    loaders = loader_rates(prepared, args.batch_size, args.steps)
+    figures = {
+        "dataset": str(prepared.path), "n_samples": prepared.n_samples,
+        "batch_size": args.batch_size, "steps": args.steps, "repeats": args.repeats,
+        "torch_threads": threads,
+        "raw_loop_samples_per_s": statistics.median(raw),
+        "kosmoss_samples_per_s": statistics.median(full),
+        "raw_loop_all": raw, "kosmoss_all": full,
+        "loader_course_samples_per_s": loaders["course_per_sample"],
+        "loader_kosmoss_samples_per_s": loaders["kosmoss_batched"],
+    }
+    figures["training_ratio"] = figures["kosmoss_samples_per_s"] / figures["raw_loop_samples_per_s"]
+    figures["loader_ratio"] = loaders["kosmoss_batched"] / loaders["course_per_sample"]
+    show(figures)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def show(f: dict) -> None:
+    table = Table(title=f"{f['n_samples']} columns, batch {f['batch_size']}, "
+                        f"{f['torch_threads']} torch threads, median of {f['repeats']}")
+    for column in ("measurement", "samples/s", "ratio", "target"):
+        table.add_column(column, justify="right" if column != "measurement" else "left")
+    table.add_row("raw PyTorch loop, tensors in memory", f"{f['raw_loop_samples_per_s']:,.0f}",
+                  "1.00", "")
+    table.add_row("kosmoss: Trainer + FlattenedDataModule", f"{f['kosmoss_samples_per_s']:,.0f}",
+                  f"{f['training_ratio']:.2f}", ">= 0.90")
+    table.add_row("loader: course, memmap per sample", f"{f['loader_course_samples_per_s']:,.0f}",
+                  "1", "")
+    table.add_row("loader: kosmoss, batched reads", f"{f['loader_kosmoss_samples_per_s']:,.0f}",
+                  f"{f['loader_ratio']:.0f}", ">= 50")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
