@@ -77,12 +77,15 @@ def prepare_command(args: argparse.Namespace) -> None:
     source, name, shard_size = _source_and_dest(args)
     dest = args.out or paths.data_root() / name
     console = Console(stderr=True)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"preparing {name}", total=source.n_columns)
-        dataset = presets.prepare_checked(
-            source, Path(dest), shard_size, force=args.force,
-            on_shard=lambda done, total: progress.update(task, completed=done),
-        )
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"preparing {name}", total=source.n_columns)
+            dataset = presets.prepare_checked(
+                source, Path(dest), shard_size, force=args.force,
+                on_shard=lambda done, total: progress.update(task, completed=done),
+            )
+    except ImportError as err:  # the optional [maelstrom] extra is missing
+        raise UsageError(f"--source {args.source}: {err}") from None
     print(f"{dataset.path}: {dataset.n_samples} columns, x {dataset.n_x} / y {dataset.n_y} "
           f"features, {len(dataset.shards)} shards")
 

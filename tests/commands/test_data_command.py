@@ -1,6 +1,8 @@
 """``kosmoss data`` as a user runs it."""
 import json
 
+import pytest
+
 from conftest import run_script
 
 
@@ -45,3 +47,16 @@ def test_existing_folder_is_not_overwritten(tmp_path):
     proc = run_script(["-m", "kosmoss", "data", "prepare", "tiny"], home)
     assert proc.returncode == 2 and "--force" in proc.stderr
     assert (mine / "thesis.txt").read_text() == "precious"
+
+
+def test_maelstrom_without_the_extra_names_the_install(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("climetlab"):
+        pytest.skip("climetlab is installed: the real download would start")
+    home = tmp_path / "home"
+    proc = run_script(["-m", "kosmoss", "data", "prepare", "--source", "maelstrom"], home)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "--source maelstrom" in lines[0] and "kosmoss[maelstrom]" in lines[0]
+    assert not (home / "data").exists() or not any((home / "data").iterdir())
