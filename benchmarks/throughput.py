@@ -89,9 +89,12 @@ def raw_loop_rate(prepared, batch: int, steps: int, warmup: int, lr: float) -> f
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()
-        idx = order[step * batch:(step + 1) * batch]
-        prediction = model.net(model.normalize_x(x[idx]))
-        loss = torch.nn.functional.mse_loss(prediction, model.normalize_y(y[idx]))
+        # Sorted like kosmoss's batches, and index_select (2-3x faster than x[idx] here):
+        # the limit gets every trick the loader uses.
+        idx = order[step * batch:(step + 1) * batch].sort().values
+        xb, yb = torch.index_select(x, 0, idx), torch.index_select(y, 0, idx)
+        prediction = model.net(model.normalize_x(xb))
+        loss = torch.nn.functional.mse_loss(prediction, model.normalize_y(yb))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

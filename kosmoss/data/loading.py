@@ -2,7 +2,8 @@
 
 The original course opened a memmap per *sample* (about 1.5k samples/s, slower than the
 model). Here the sampler hands the dataset a whole batch of indices and the dataset
-gathers them with one fancy-index per shard, so one Python call moves a whole batch.
+gathers them with one ``index_select`` per shard, so one Python call moves a whole
+batch.
 """
 from __future__ import annotations
 
