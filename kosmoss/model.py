@@ -6,6 +6,7 @@ so a checkpoint alone predicts in W m-2.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import pytorch_lightning as pl
@@ -14,6 +15,7 @@ from torch import nn
 from torchmetrics import MeanSquaredError
 
 from .data.stats import Statistics
+from .scaling import warmup_factor
 
 ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -30,7 +32,9 @@ def mlp(in_channels: int, hidden_channels: Sequence[int], out_channels: int,
 
 class LitMLP(pl.LightningModule):
     """Flattened column in, 4 x 138 fluxes out. The default is the course's model:
-    3 hidden layers of 100, SiLU. Loss: MSE on normalised targets; RMSE also in W m-2."""
+    3 hidden layers of 100, SiLU. Loss: MSE on normalised targets; RMSE also in W m-2.
+    ``lr`` is the rate used; with ``warmup_steps`` it ramps to it from ``warmup_start_lr``
+    (the unscaled base rate, see :mod:`kosmoss.scaling`)."""
 
     def __init__(
         self,
@@ -40,6 +44,8 @@ class LitMLP(pl.LightningModule):
         lr: float = 1e-3,
         activation: str = "silu",
         stats: Optional[Statistics] = None,
+        warmup_steps: int = 0,
+        warmup_start_lr: Optional[float] = None,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -112,4 +118,11 @@ class LitMLP(pl.LightningModule):
         return self(x)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        if not self.hparams.warmup_steps:
+            return optimizer
+        start = self.hparams.warmup_start_lr or self.hparams.lr
+        ramp = functools.partial(warmup_factor, warmup_steps=self.hparams.warmup_steps,
+                                 start_fraction=start / self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramp)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -3,7 +3,8 @@ learning rate that goes with the effective batch.
 
 ``--lr`` is the rate tuned for ``base_batch_size`` (default: the per-device batch). With
 ``k = global batch / base batch``: ``linear`` multiplies it by k (Goyal et al. 2017),
-``sqrt`` by sqrt(k) (Krizhevsky 2014), ``none`` keeps it.
+``sqrt`` by sqrt(k) (Krizhevsky 2014), ``none`` keeps it. ``warmup_steps`` ramps the rate
+linearly from the base rate to the scaled one (Goyal et al.'s gradual warm-up).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class ScalingPlan:
     lr: float
     lr_rule: str
     lr_factor: float
+    warmup_steps: int = 0
 
     def lines(self) -> List[str]:
         """The arithmetic as a learner would write it down."""
@@ -39,7 +41,8 @@ class ScalingPlan:
             f"{self.per_device_batch_size}",
             f"learning rate   = {self.base_lr:g} (base, tuned for batch {self.base_batch_size})"
             f" x {self.lr_factor:.4g} ({self.lr_rule}) = {self.lr:.6g}",
-        ]
+        ] + ([f"warm-up         = linear from {self.base_lr:g} to {self.lr:.6g} over "
+              f"{self.warmup_steps} steps"] if self.warmup_steps else [])
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,7 +56,7 @@ def lr_factor(rule: str, k: float) -> float:
 
 def plan(global_batch_size: int, base_lr: float, lr_rule: str = "none", *,
          num_nodes: int = 1, devices_per_node: int = 1,
-         base_batch_size: Optional[int] = None) -> ScalingPlan:
+         base_batch_size: Optional[int] = None, warmup_steps: int = 0) -> ScalingPlan:
     """Check the numbers and derive the rest; raises :class:`UsageError` naming the flag."""
     world = num_nodes * devices_per_node
     if global_batch_size < world:
@@ -69,6 +72,16 @@ def plan(global_batch_size: int, base_lr: float, lr_rule: str = "none", *,
     base = per_device if base_batch_size is None else base_batch_size
     if base < 1:
         raise UsageError(f"--base-batch-size {base}: must be >= 1")
+    if warmup_steps < 0:
+        raise UsageError(f"--warmup-steps {warmup_steps}: must be >= 0")
     factor = lr_factor(lr_rule, global_batch_size / base)
     return ScalingPlan(world, num_nodes, devices_per_node, global_batch_size, per_device,
-                       base, base_lr, base_lr * factor, lr_rule, factor)
+                       base, base_lr, base_lr * factor, lr_rule, factor, warmup_steps)
+
+
+def warmup_factor(step: int, warmup_steps: int, start_fraction: float) -> float:
+    """Multiplier of the scaled rate at ``step``: ``start_fraction`` (base / scaled) at 0,
+    rising linearly to 1 at ``warmup_steps``."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return 1.0
+    return start_fraction + (1.0 - start_fraction) * step / warmup_steps

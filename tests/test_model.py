@@ -68,3 +68,17 @@ def test_the_model_learns_the_synthetic_physics(shared_home, tmp_path):
     val_loss = float(trainer.callback_metrics["val_loss"])
     baseline = mean_baseline_loss(dataset.statistics())
     assert val_loss < 0.1 * baseline, (val_loss, baseline)
+
+
+def test_warmup_schedule_steps_the_optimizer_rate():
+    model = LitMLP(6, (4,), 3, lr=4e-3, warmup_steps=4, warmup_start_lr=1e-3)
+    config = model.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    seen = []
+    for _ in range(6):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([1e-3, 1.75e-3, 2.5e-3, 3.25e-3, 4e-3, 4e-3])
+    assert isinstance(LitMLP(6, (4,), 3).configure_optimizers(), torch.optim.Adam)

@@ -36,3 +36,15 @@ def test_bad_numbers_name_the_flag(batch, lr, rule, match):
 def test_arithmetic_is_printed_in_full():
     text = "\n".join(plan(256, 1e-3, "linear", devices_per_node=2).lines())
     assert "256 / 2 = 128" in text and "x 2 (linear) = 0.002" in text
+
+
+def test_warmup_ramps_from_the_base_rate_to_the_scaled_rate():
+    from kosmoss.scaling import warmup_factor
+
+    p = plan(512, 1e-3, "linear", devices_per_node=4, warmup_steps=10)
+    start = p.base_lr / p.lr
+    factors = [warmup_factor(step, p.warmup_steps, start) for step in (0, 5, 10, 50)]
+    assert [p.lr * f for f in factors] == pytest.approx([1e-3, 2.5e-3, 4e-3, 4e-3])
+    assert "linear from 0.001 to 0.004 over 10 steps" in "\n".join(p.lines())
+    with pytest.raises(UsageError, match="--warmup-steps"):
+        plan(512, 1e-3, "linear", devices_per_node=4, warmup_steps=-1)

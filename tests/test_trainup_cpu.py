@@ -89,6 +89,7 @@ def _half_written(shared_home, tmp_path):
     (["--dataset", "nope"], "--dataset nope"),
     (["--scale-lr", "cubic"], "--scale-lr"),
     (["--max-epochs", "0"], "--max-epochs"),
+    (["--warmup-steps", "-5"], "--warmup-steps -5"),
     (["--batch-size", "100000", "--dataset", "tiny"], "--batch-size 100000"),
     ([_half_written], "metadata.json"),
     ([_corrupted_copy], "checksum does not match"),

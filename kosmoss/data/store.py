@@ -150,6 +150,7 @@ def _write(source: ColumnSource, folder: Path, shard_size: int, name: str, on_sh
         "n_samples": done,
         "n_x": schema.n_x,
         "n_y": schema.n_y,
+        "shapes": {"x": [done, schema.n_x], "y": [done, schema.n_y]},
         "dtype": np.dtype(DTYPE).name,
         "shard_size": shard_size,
         "shards": [shard.__dict__ for shard in shards],

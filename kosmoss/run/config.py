@@ -19,6 +19,7 @@ class RunConfig:
     lr: float = 1e-3
     scale_lr: str = "none"
     base_batch_size: Optional[int] = None
+    warmup_steps: int = 0
     max_epochs: int = 10
     max_steps: int = -1
     dataset: str = DEFAULT_PRESET

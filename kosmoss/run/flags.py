@@ -24,6 +24,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="scale --lr with k = global batch / base batch (default %(default)s)")
     add("--base-batch-size", type=int, default=None,
         help="batch --lr was tuned for (default: the per-device batch)")
+    add("--warmup-steps", type=int, default=DEFAULTS.warmup_steps,
+        help="ramp the rate linearly from --lr to the scaled rate over N steps (default 0)")
     add("--max-epochs", type=int, default=DEFAULTS.max_epochs, help="(default %(default)s)")
     add("--max-steps", type=int, default=DEFAULTS.max_steps,
         help="stop after this many optimizer steps; -1: no limit (default %(default)s)")
@@ -46,6 +48,7 @@ def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
     return RunConfig(
         batch_size=args.batch_size, num_processes=args.num_processes, lr=args.lr,
         scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
+        warmup_steps=args.warmup_steps,
         max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,
         seed=args.seed, result_json=args.result_json, hidden=tuple(args.hidden),
         mode=args.mode, num_workers=args.num_workers, progress=args.progress, **extra,

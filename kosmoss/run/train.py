@@ -49,7 +49,8 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     is written (only a missing preset dataset is prepared)."""
     config.warnings = validate(config) + list(config.warnings)
     scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=config.num_nodes,
-                   devices_per_node=config.num_processes, base_batch_size=config.base_batch_size)
+                   devices_per_node=config.num_processes, base_batch_size=config.base_batch_size,
+                   warmup_steps=config.warmup_steps)
     dataset = presets.resolve(config.dataset, log=echo, verify=rank_zero_only.rank == 0)
     _check_fits(dataset.n_samples, scaling)
     for warning in config.warnings:
@@ -63,7 +64,8 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         seed=config.seed, num_workers=_num_workers(config),
     )
     stats = dataset.statistics()
-    model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats)
+    model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats,
+                   warmup_steps=scaling.warmup_steps, warmup_start_lr=scaling.base_lr)
     meter, replicas = ThroughputMeter(), ReplicaCheck()
     trainer = _trainer(config, scaling, run_dir, dataset.n_samples, [meter, replicas])
     with warnings.catch_warnings():
@@ -184,6 +186,7 @@ def _topology(config: RunConfig, scaling: ScalingPlan) -> dict:
         "lr": scaling.lr,
         "lr_rule": scaling.lr_rule,
         "lr_factor": scaling.lr_factor,
+        "warmup_steps": scaling.warmup_steps,
     }
 
 

@@ -22,6 +22,7 @@ def test_prepared_dataset_matches_source_and_metadata(tmp_path):
     meta = json.loads((tmp_path / "d" / METADATA_FILE).read_text())
     assert meta["n_x"] == source.schema.n_x and meta["dtype"] == "float32"
     assert meta["source"]["name"] == "random" and meta["schema"]["levels"] == 4
+    assert meta["shapes"] == {"x": [300, source.schema.n_x], "y": [300, source.schema.n_y]}
     x, y = _all_rows(dataset)
     expected = [source.schema.flatten(b) for b in source.iter_chunks(128)]
     np.testing.assert_array_equal(x, np.concatenate([e[0] for e in expected]))
