@@ -5,9 +5,9 @@ import sys
 
 from . import __version__
 from .cli_support import OneLineParser, run_command
-from .commands import data, train
+from .commands import data, env, train
 
-COMMANDS = (data, train)
+COMMANDS = (data, train, env)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 
 
