@@ -19,7 +19,9 @@ def main(argv=None) -> int:
     parser = OneLineParser(prog="trainup_cpu.py", description=__doc__.split("\n\n")[0])
     add_run_flags(parser)
     args = parser.parse_args(argv)
-    return run_command(parser.prog, lambda: run(config_from_args(args, accelerator="cpu")))
+    # The CPU launcher: the machine offers no GPU and the run asks for none.
+    config = config_from_args(args, machine_gpu="none", use_gpu=False)
+    return run_command(parser.prog, lambda: run(config))
 
 
 if __name__ == "__main__":

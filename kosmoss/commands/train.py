@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 def train_command(args: argparse.Namespace) -> None:
     from ..run import run  # Lightning is slow to import; only this command needs it
 
-    run(config_from_args(args, accelerator="cpu"))
+    run(config_from_args(args))
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,10 @@ class RunConfig:
     hidden: Tuple[int, ...] = (100, 100, 100)
     mode: str = "efficient"
     num_workers: Optional[int] = None  # None: sized per process from the cores
-    accelerator: str = "cpu"
+    machine_gpu: str = "none"  # what this machine allows: none | offer | force
+    gpu_index: Optional[int] = None
+    use_gpu: bool = False  # what the run asks for (kosmoss.devices decides)
+    require_gpu: bool = False
     num_nodes: int = 1
     progress: bool = True
     warnings: List[str] = field(default_factory=list)
@@ -58,7 +61,7 @@ def validate(config: RunConfig) -> List[str]:
         raise UsageError(f"--result-json {config.result_json}: is a directory; give a file path")
     warnings = []
     cores = available_cores()
-    if config.accelerator == "cpu" and config.num_processes > cores:
+    if not config.use_gpu and config.num_processes > cores:
         warnings.append(f"--num-processes {config.num_processes} is more than the {cores} "
                         "CPU cores available: processes will share cores and run slower")
     return warnings

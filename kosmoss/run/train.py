@@ -29,6 +29,7 @@ from ..cpus import default_num_workers
 from ..data import presets
 from ..data.datamodule import FlattenedDataModule
 from ..data.stats import Statistics
+from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..errors import UsageError
 from ..model import LitMLP
 from ..scaling import ScalingPlan, plan
@@ -48,6 +49,10 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     """Check everything, then train. Bad input raises :class:`UsageError` before anything
     is written (only a missing preset dataset is prepared)."""
     config.warnings = validate(config) + list(config.warnings)
+    policy = decide(MachineGpu(config.machine_gpu, config.gpu_index), config.use_gpu,
+                    require=config.require_gpu)
+    config.warnings += list(policy.warnings)
+    share = sharing(config.num_processes, torch.cuda.device_count() if policy.gpu else 0)
     scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=config.num_nodes,
                    devices_per_node=config.num_processes, base_batch_size=config.base_batch_size,
                    warmup_steps=config.warmup_steps)
@@ -67,7 +72,8 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats,
                    warmup_steps=scaling.warmup_steps, warmup_start_lr=scaling.base_lr)
     meter, replicas = ThroughputMeter(), ReplicaCheck()
-    trainer = _trainer(config, scaling, run_dir, dataset.n_samples, [meter, replicas])
+    trainer = _trainer(config, scaling, policy, share, run_dir, dataset.n_samples,
+                       [meter, replicas])
     with warnings.catch_warnings():
         # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -86,7 +92,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         "dataset": str(dataset.path),
         "n_samples": dataset.n_samples,
         "split_sizes": {k: len(v) for k, v in datamodule.indices.items()},
-        **_topology(config, scaling),
+        **_topology(scaling, policy, share),
         "global_step": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_samples_per_s": meter.samples_per_s,
@@ -143,8 +149,8 @@ def _num_workers(config: RunConfig) -> int:
     return default_num_workers(config.num_processes)
 
 
-def _trainer(config: RunConfig, scaling: ScalingPlan, run_dir: Path, n_samples: int,
-             callbacks: list) -> pl.Trainer:
+def _trainer(config: RunConfig, scaling: ScalingPlan, policy: DevicePolicy, share: Sharing,
+             run_dir: Path, n_samples: int, callbacks: list) -> pl.Trainer:
     steps_per_epoch = max(1, int(n_samples * SPLITS[0]) // scaling.global_batch_size)
     distributed = scaling.world_size > 1
     callbacks = callbacks + [
@@ -153,10 +159,10 @@ def _trainer(config: RunConfig, scaling: ScalingPlan, run_dir: Path, n_samples: 
     if config.progress:
         callbacks.append(RichProgressBar())
     return pl.Trainer(
-        accelerator=config.accelerator,
+        accelerator=policy.accelerator,
         devices=config.num_processes,
         num_nodes=config.num_nodes,
-        strategy=DDPStrategy(process_group_backend="gloo") if distributed else "auto",
+        strategy=DDPStrategy(process_group_backend=share.backend) if distributed else "auto",
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
         logger=[TensorBoardLogger(run_dir, name="tensorboard", version=""),
@@ -170,15 +176,16 @@ def _trainer(config: RunConfig, scaling: ScalingPlan, run_dir: Path, n_samples: 
     )
 
 
-def _topology(config: RunConfig, scaling: ScalingPlan) -> dict:
+def _topology(scaling: ScalingPlan, policy: DevicePolicy, share: Sharing) -> dict:
     distributed = scaling.world_size > 1
     return {
         "world_size": scaling.world_size,
         "num_nodes": scaling.num_nodes,
         "devices_per_node": scaling.devices_per_node,
-        "accelerator": config.accelerator,
+        "accelerator": policy.accelerator,
+        "device": str(policy.device),
         "strategy": "ddp" if distributed else "single",
-        "backend": "gloo" if distributed else "none",
+        "backend": share.backend if distributed else "none",
         "global_batch_size": scaling.global_batch_size,
         "per_device_batch_size": scaling.per_device_batch_size,
         "base_batch_size": scaling.base_batch_size,

@@ -1,0 +1,97 @@
+"""Every row of the device decision table (docs/devices.md), GPU presence simulated."""
+import numpy as np
+import pytest
+import torch
+
+from kosmoss import devices
+from kosmoss.devices import DevicePolicy, MachineGpu, decide, gpu_for_local_rank, sharing, to_numpy
+from kosmoss.errors import UsageError
+
+# machine setting, machine index, run asks, GPUs visible -> gpu?, index, warnings
+TABLE = [
+    ("none", None, False, 0, False, None, 0),
+    ("none", None, False, 2, False, None, 0),
+    ("none", None, True, 2, False, None, 1),   # the machine's setting wins
+    ("offer", None, False, 2, False, None, 0),
+    ("offer", None, True, 2, True, 0, 0),
+    ("offer", None, True, 0, False, None, 1),   # asked, none there: CPU with a warning
+    ("force", None, False, 2, True, 0, 0),     # forced even though the run did not ask
+    ("force", None, True, 0, False, None, 1),
+    ("offer", 1, True, 2, True, 1, 0),          # picks GPU 1
+    ("offer", 5, True, 2, True, 0, 1),          # GPU 5 missing: default GPU, warning
+    ("force", 3, False, 4, True, 3, 0),
+]
+
+
+@pytest.mark.parametrize("setting, index, asks, count, gpu, chosen, n_warnings", TABLE)
+def test_decision_table(setting, index, asks, count, gpu, chosen, n_warnings):
+    policy = decide(MachineGpu(setting, index), asks, gpu_count=count)
+    assert (policy.gpu, policy.index, len(policy.warnings)) == (gpu, chosen, n_warnings)
+    assert policy.accelerator == ("gpu" if gpu else "cpu")
+
+
+@pytest.mark.parametrize("setting, asks, count", [
+    ("offer", True, 0), ("none", True, 2), ("offer", False, 2), ("force", True, 0),
+])
+def test_require_gpu_refuses_to_fall_back(setting, asks, count):
+    with pytest.raises(UsageError, match=r"^--require-gpu: .*run without --require-gpu"):
+        decide(MachineGpu(setting), asks, require=True, gpu_count=count)
+
+
+def test_require_gpu_passes_when_a_gpu_is_chosen():
+    assert decide(MachineGpu("offer"), True, require=True, gpu_count=1).gpu
+
+
+def test_unknown_machine_setting():
+    with pytest.raises(ValueError, match="setting"):
+        MachineGpu("always")
+
+
+def test_gpu_ids_per_local_rank():
+    assert [gpu_for_local_rank(r, [3, 1]) for r in (0, 1)] == [3, 1]
+    with pytest.raises(UsageError, match="--gpu-ids 3,1: no id for local rank 2"):
+        gpu_for_local_rank(2, [3, 1])
+
+
+@pytest.mark.parametrize("ranks, gpus, backend, fraction", [
+    (2, 0, "gloo", 1.0), (1, 1, "nccl", 1.0), (2, 2, "nccl", 1.0),
+    (2, 1, "gloo", 0.5), (3, 1, "gloo", 1 / 3), (4, 2, "gloo", 0.5), (3, 2, "gloo", 0.5),
+])
+def test_sharing_rule(ranks, gpus, backend, fraction):
+    share = sharing(ranks, gpus)
+    assert share.backend == backend and share.memory_fraction == pytest.approx(fraction)
+    if ranks > gpus > 0:
+        assert "NCCL refuses duplicate GPUs" in share.reason
+
+
+def test_memory_fraction_is_applied_only_to_shared_gpus(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device: calls.append((fraction, str(device))))
+    devices.apply_sharing(sharing(2, 1), DevicePolicy(True, 0))
+    devices.apply_sharing(sharing(1, 1), DevicePolicy(True, 0))
+    devices.apply_sharing(sharing(2, 1), DevicePolicy(False))
+    assert calls == [(0.5, "cuda:0")]
+
+
+def test_cpu_policy_moves_tensors_and_loads_checkpoints(tmp_path):
+    policy = decide(MachineGpu("none"), False, gpu_count=0)
+    assert policy.device == torch.device("cpu")
+    module = policy.to(torch.nn.Linear(2, 2))
+    assert next(module.parameters()).device.type == "cpu" and policy.to("text") == "text"
+    torch.save({"w": torch.ones(2)}, tmp_path / "c.pt")
+    assert policy.load(tmp_path / "c.pt")["w"].device.type == "cpu"
+
+
+def test_to_numpy_whatever_the_tensor():
+    bf16 = torch.tensor([1.5, 2.0], dtype=torch.bfloat16, requires_grad=True)
+    np.testing.assert_array_equal(to_numpy(bf16), np.array([1.5, 2.0], dtype=np.float32))
+    np.testing.assert_array_equal(to_numpy([1, 2]), np.array([1, 2]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_real_gpu_is_chosen_and_followed():
+    policy = decide(MachineGpu("offer"), True)
+    assert policy.gpu and policy.to(torch.ones(1)).device.type == "cuda"
+    assert to_numpy(policy.to(torch.ones(2, dtype=torch.bfloat16))).tolist() == [1.0, 1.0]
