@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Callable
 
-from .errors import EXIT_OK, EXIT_USAGE, UsageError
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RunFailed, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -23,4 +23,7 @@ def run_command(prog: str, command: Callable[[], object]) -> int:
     except UsageError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except RunFailed as err:
+        print(f"{prog}: failed: {err}", file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK

@@ -10,3 +10,7 @@ class UsageError(Exception):
 
 class DatasetError(UsageError):
     """A dataset that is missing, incomplete or corrupted."""
+
+
+class RunFailed(Exception):
+    """The run started but did not finish (a rank or node died): exit code 1, one line."""

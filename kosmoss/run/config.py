@@ -15,7 +15,7 @@ from ..scaling import LR_RULES
 @dataclass
 class RunConfig:
     batch_size: int = 256  # global: split over every process of the run
-    num_processes: int = 1  # per node
+    num_processes: Optional[int] = None  # per node; None: 1, or what the launcher says
     lr: float = 1e-3
     scale_lr: str = "none"
     base_batch_size: Optional[int] = None
@@ -32,7 +32,9 @@ class RunConfig:
     gpu_index: Optional[int] = None
     use_gpu: bool = False  # what the run asks for (kosmoss.devices decides)
     require_gpu: bool = False
-    num_nodes: int = 1
+    num_nodes: Optional[int] = None  # None: 1, or what the launcher says
+    gpu_ids: Optional[Tuple[int, ...]] = None
+    process_flag: str = "--num-processes"  # how the launcher script names num_processes
     progress: bool = True
     warnings: List[str] = field(default_factory=list)
 
@@ -44,8 +46,18 @@ class RunConfig:
 
 def validate(config: RunConfig) -> List[str]:
     """Raise :class:`UsageError` for the first bad flag; return warnings for odd ones."""
-    _at_least(config.num_processes, 1, "--num-processes")
-    _at_least(config.num_nodes, 1, "--num-nodes")
+    if config.num_processes is not None:
+        _at_least(config.num_processes, 1, config.process_flag)
+    if config.num_nodes is not None:
+        _at_least(config.num_nodes, 1, "--num-nodes")
+    if config.gpu_ids is not None:
+        ids = ",".join(map(str, config.gpu_ids))
+        if config.num_processes is not None and len(config.gpu_ids) != config.num_processes:
+            raise UsageError(f"--gpu-ids {ids} names {len(config.gpu_ids)} GPU(s) but "
+                             f"{config.process_flag} is {config.num_processes}: give one id "
+                             "per process")
+        if min(config.gpu_ids) < 0 or len(set(config.gpu_ids)) != len(config.gpu_ids):
+            raise UsageError(f"--gpu-ids {ids}: give distinct CUDA ids >= 0")
     _at_least(config.max_epochs, 1, "--max-epochs")
     if config.max_steps != -1 and config.max_steps < 1:
         raise UsageError(f"--max-steps {config.max_steps}: must be >= 1 (or -1 for no limit)")
@@ -61,8 +73,9 @@ def validate(config: RunConfig) -> List[str]:
         raise UsageError(f"--result-json {config.result_json}: is a directory; give a file path")
     warnings = []
     cores = available_cores()
-    if not config.use_gpu and config.num_processes > cores:
-        warnings.append(f"--num-processes {config.num_processes} is more than the {cores} "
+    processes = config.num_processes or 1
+    if not config.use_gpu and processes > cores:
+        warnings.append(f"{config.process_flag} {processes} is more than the {cores} "
                         "CPU cores available: processes will share cores and run slower")
     return warnings
 

@@ -12,12 +12,14 @@ from .config import RunConfig
 DEFAULTS = RunConfig()
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
+def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) -> None:
     add = parser.add_argument
     add("--batch-size", type=int, default=DEFAULTS.batch_size,
         help="global batch, split evenly over all processes (default %(default)s)")
-    add("--num-processes", type=int, default=DEFAULTS.num_processes,
-        help="processes (ranks) per node; >1 runs DDP (default %(default)s)")
+    if processes:
+        add("--num-processes", type=int, default=None,
+            help="processes (ranks) on this host; >1 runs DDP (default 1, or what "
+                 "torchrun says)")
     add("--lr", type=float, default=DEFAULTS.lr,
         help="learning rate tuned for --base-batch-size (default %(default)s)")
     add("--scale-lr", choices=LR_RULES, default=DEFAULTS.scale_lr,
@@ -44,9 +46,37 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
+def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
+    """What trainup_gpu.py adds to the flags of trainup_cpu.py."""
+    add = parser.add_argument
+    add("--strategy", choices=("ddp",), default="ddp",
+        help="distributed engine: DDP (NCCL, or gloo when ranks share a GPU or there is none)")
+    add("--gpus", "--num-processes", dest="num_processes", type=int, default=None,
+        help="processes per node, one per GPU (default 1, or what the launcher says)")
+    add("--num-nodes", type=int, default=None,
+        help="nodes; without a cluster launcher they are simulated on this host")
+    add("--gpu-ids", type=_id_list, default=None,
+        help="CUDA ids for the local ranks, e.g. 2,3: local rank r uses ids[r]")
+    add("--require-gpu", action="store_true",
+        help="fail (exit 2) instead of falling back to CPU when there is no GPU")
+
+
+def _id_list(text: str):
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                         "integers, e.g. 0,1") from None
+
+
 def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
+    gpu_ids = getattr(args, "gpu_ids", None)
+    processes = args.num_processes if args.num_processes is not None or not gpu_ids \
+        else len(gpu_ids)
     return RunConfig(
-        batch_size=args.batch_size, num_processes=args.num_processes, lr=args.lr,
+        batch_size=args.batch_size, num_processes=processes, lr=args.lr,
+        num_nodes=getattr(args, "num_nodes", None), gpu_ids=gpu_ids,
+        require_gpu=getattr(args, "require_gpu", False),
         scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
         warmup_steps=args.warmup_steps,
         max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import psutil
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
@@ -24,13 +25,13 @@ from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
 
-from .. import __version__, paths
+from .. import __version__, launch, paths
 from ..cpus import default_num_workers
 from ..data import presets
 from ..data.datamodule import FlattenedDataModule
 from ..data.stats import Statistics
 from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
-from ..errors import UsageError
+from ..errors import RunFailed, UsageError
 from ..model import LitMLP
 from ..scaling import ScalingPlan, plan
 from .callbacks import ReplicaCheck, ThroughputMeter
@@ -49,30 +50,38 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     """Check everything, then train. Bad input raises :class:`UsageError` before anything
     is written (only a missing preset dataset is prepared)."""
     config.warnings = validate(config) + list(config.warnings)
+    topology = launch.resolve(config.num_processes, config.num_nodes, config.process_flag)
+    rank_zero_only.rank = topology.global_rank_hint()  # Lightning sets the same, later
     policy = decide(MachineGpu(config.machine_gpu, config.gpu_index), config.use_gpu,
                     require=config.require_gpu)
     config.warnings += list(policy.warnings)
-    share = sharing(config.num_processes, torch.cuda.device_count() if policy.gpu else 0)
-    scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=config.num_nodes,
-                   devices_per_node=config.num_processes, base_batch_size=config.base_batch_size,
-                   warmup_steps=config.warmup_steps)
+    gpus_here = (len(config.gpu_ids or ()) or torch.cuda.device_count()) if policy.gpu else 0
+    share = sharing(topology.devices_per_node, gpus_here)
+    scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=topology.num_nodes,
+                   devices_per_node=topology.devices_per_node,
+                   base_batch_size=config.base_batch_size, warmup_steps=config.warmup_steps)
     dataset = presets.resolve(config.dataset, log=echo, verify=rank_zero_only.rank == 0)
     _check_fits(dataset.n_samples, scaling)
-    for warning in config.warnings:
-        echo(f"warning: {warning}")
-    echo("\n".join(["scaling:"] + [f"  {line}" for line in scaling.lines()]))
+    if topology.launcher != "simulated-node":  # the parent process already said it all
+        for warning in config.warnings:
+            echo(f"warning: {warning}")
+        if scaling.world_size > 1:
+            echo(f"backend: {share.reason}")
+        echo("\n".join(["scaling:"] + [f"  {line}" for line in scaling.lines()]))
+    if topology.launcher == "simulate":
+        return _simulate(topology, config, echo)
 
     run_dir = _run_dir()
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = FlattenedDataModule(
         dataset, batch_size=scaling.per_device_batch_size, mode=config.mode, splits=SPLITS,
-        seed=config.seed, num_workers=_num_workers(config),
+        seed=config.seed, num_workers=_num_workers(config, topology),
     )
     stats = dataset.statistics()
     model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats,
                    warmup_steps=scaling.warmup_steps, warmup_start_lr=scaling.base_lr)
     meter, replicas = ThroughputMeter(), ReplicaCheck()
-    trainer = _trainer(config, scaling, policy, share, run_dir, dataset.n_samples,
+    trainer = _trainer(config, topology, scaling, policy, share, run_dir, dataset.n_samples,
                        [meter, replicas])
     with warnings.catch_warnings():
         # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
@@ -92,7 +101,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         "dataset": str(dataset.path),
         "n_samples": dataset.n_samples,
         "split_sizes": {k: len(v) for k, v in datamodule.indices.items()},
-        **_topology(scaling, policy, share),
+        **_topology(scaling, policy, share, topology),
         "global_step": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_samples_per_s": meter.samples_per_s,
@@ -132,10 +141,39 @@ def _check_fits(n_samples: int, scaling: ScalingPlan) -> None:
                          "or a larger --dataset")
 
 
+def _simulate(topology: launch.Topology, config: RunConfig, echo) -> dict:
+    run_id = _new_run_id()
+    code = launch.simulate_nodes(topology, {RUN_ID_ENV: run_id}, echo)
+    if code != 0:
+        raise RunFailed(f"a node process exited with code {code}; the other nodes were "
+                        f"ended too (run {run_id})")
+    result = json.loads((paths.runs_root() / run_id / "result.json").read_text())
+    if config.result_json:
+        _write_results(result, paths.runs_root() / run_id, config.result_json)
+    return result
+
+
+def _new_run_id() -> str:
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
+def _run_id() -> str:
+    """Rank 0 names the run; ranks started by Lightning or by the simulated-node launcher
+    inherit the name; torchrun's ranks derive it from torchrun's own run id."""
+    inherited = os.environ.get(RUN_ID_ENV)
+    if inherited and (os.environ.get("LOCAL_RANK") or os.environ.get(launch.SIMULATED_NODE_ENV)):
+        return inherited
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return f"torchrun-{elastic[:12]}"
+    if elastic:  # torchrun without --rdzv-id: the ranks of a node share their agent
+        agent = psutil.Process(os.getppid())
+        return f"torchrun-{agent.pid}-{agent.create_time():.0f}"
+    return _new_run_id()
+
+
 def _run_dir() -> Path:
-    """Rank 0 names the run; the ranks Lightning starts inherit the name via the env."""
-    inherited = os.environ.get(RUN_ID_ENV) if os.environ.get("LOCAL_RANK") else None
-    run_id = inherited or f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_id = _run_id()
     os.environ[RUN_ID_ENV] = run_id
     run_dir = paths.runs_root() / run_id
     if rank_zero_only.rank == 0:
@@ -143,14 +181,16 @@ def _run_dir() -> Path:
     return run_dir
 
 
-def _num_workers(config: RunConfig) -> int:
+def _num_workers(config: RunConfig, topology: launch.Topology) -> int:
     if config.num_workers is not None:
         return config.num_workers
-    return default_num_workers(config.num_processes)
+    return default_num_workers(topology.devices_per_node * (
+        topology.num_nodes if topology.launcher == "simulated-node" else 1))
 
 
-def _trainer(config: RunConfig, scaling: ScalingPlan, policy: DevicePolicy, share: Sharing,
-             run_dir: Path, n_samples: int, callbacks: list) -> pl.Trainer:
+def _trainer(config: RunConfig, topology: launch.Topology, scaling: ScalingPlan,
+             policy: DevicePolicy, share: Sharing, run_dir: Path, n_samples: int,
+             callbacks: list) -> pl.Trainer:
     steps_per_epoch = max(1, int(n_samples * SPLITS[0]) // scaling.global_batch_size)
     distributed = scaling.world_size > 1
     callbacks = callbacks + [
@@ -160,8 +200,9 @@ def _trainer(config: RunConfig, scaling: ScalingPlan, policy: DevicePolicy, shar
         callbacks.append(RichProgressBar())
     return pl.Trainer(
         accelerator=policy.accelerator,
-        devices=config.num_processes,
-        num_nodes=config.num_nodes,
+        # A list of CUDA ids pins local rank r to ids[r] (Lightning's own mapping).
+        devices=list(config.gpu_ids) if policy.gpu and config.gpu_ids else topology.devices_per_node,
+        num_nodes=topology.num_nodes,
         strategy=DDPStrategy(process_group_backend=share.backend) if distributed else "auto",
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
@@ -176,9 +217,11 @@ def _trainer(config: RunConfig, scaling: ScalingPlan, policy: DevicePolicy, shar
     )
 
 
-def _topology(scaling: ScalingPlan, policy: DevicePolicy, share: Sharing) -> dict:
+def _topology(scaling: ScalingPlan, policy: DevicePolicy, share: Sharing,
+              topology: launch.Topology) -> dict:
     distributed = scaling.world_size > 1
     return {
+        "launcher": topology.launcher,
         "world_size": scaling.world_size,
         "num_nodes": scaling.num_nodes,
         "devices_per_node": scaling.devices_per_node,

@@ -1,0 +1,136 @@
+"""Layer 5: who starts the processes of a run.
+
+- one process, or N local ranks started by Lightning's own launcher;
+- *simulated nodes*: ``--num-nodes K`` with no cluster around us starts K node processes
+  on this host (NODE_RANK 0..K-1, one MASTER_ADDR/MASTER_PORT), because Lightning started
+  once with ``num_nodes=2`` waits forever for node 1;
+- torchrun already started us: never spawn again; the topology comes from its variables.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from .environment import detect_launcher
+from .errors import UsageError
+
+SIMULATED_NODE_ENV = "KOSMOSS_SIMULATED_NODES"  # set in node processes: never spawn again
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    num_nodes: int
+    devices_per_node: int
+    launcher: str  # single | lightning | simulate | simulated-node | torchrun
+    node_rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def global_rank_hint(self) -> int:
+        """This process's rank before Lightning has set up (for rank-zero printing)."""
+        if self.launcher == "torchrun":
+            return int(os.environ.get("RANK", 0))
+        return self.node_rank * self.devices_per_node + int(os.environ.get("LOCAL_RANK", 0))
+
+
+def resolve(num_processes: Optional[int], num_nodes: Optional[int],
+            process_flag: str = "--num-processes") -> Topology:
+    """The topology from the flags (None: not given) and the environment we run in."""
+    if os.environ.get(SIMULATED_NODE_ENV):
+        return Topology(int(os.environ[SIMULATED_NODE_ENV]), num_processes or 1,
+                        "simulated-node", node_rank=int(os.environ["NODE_RANK"]))
+    if detect_launcher() == "torchrun":
+        return _from_torchrun(num_processes, num_nodes, process_flag)
+    devices, nodes = num_processes or 1, num_nodes or 1
+    if nodes > 1:
+        return Topology(nodes, devices, "simulate")
+    return Topology(1, devices, "lightning" if devices > 1 else "single")
+
+
+def _from_torchrun(num_processes, num_nodes, process_flag) -> Topology:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    nodes = int(os.environ["WORLD_SIZE"]) // local
+    if num_processes is not None and num_processes != local:
+        raise UsageError(f"{process_flag} {num_processes} contradicts torchrun's "
+                         f"--nproc_per_node {local}: drop the flag, torchrun decides")
+    if num_nodes is not None and num_nodes != nodes:
+        raise UsageError(f"--num-nodes {num_nodes} contradicts torchrun's --nnodes {nodes}: "
+                         "drop the flag, torchrun decides")
+    return Topology(nodes, local, "torchrun", node_rank=int(os.environ.get("GROUP_RANK", 0)))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
+                   echo: Callable[[str], None]) -> int:
+    """Run this same command once per node, as if on K hosts; returns the exit code.
+    If one node process fails, the others are ended too: nothing is left running."""
+    port = free_port()
+    echo(f"simulating {topology.num_nodes} nodes on this host: node processes with NODE_RANK "
+         f"0..{topology.num_nodes - 1}, MASTER_ADDR 127.0.0.1, MASTER_PORT {port}, "
+         f"{topology.devices_per_node} rank(s) each")
+    base = {**os.environ, **extra_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            SIMULATED_NODE_ENV: str(topology.num_nodes)}
+    nodes = [subprocess.Popen(_own_command(), env={**base, "NODE_RANK": str(rank)},
+                              start_new_session=True)
+             for rank in range(topology.num_nodes)]
+    previous = {sig: signal.signal(sig, lambda *_: _stop(nodes)) for sig in
+                (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _wait(nodes)
+    finally:
+        _stop(nodes)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _own_command() -> List[str]:
+    # The way Lightning re-runs a script for its extra ranks: same interpreter and argv.
+    main = sys.modules["__main__"]
+    if getattr(main, "__spec__", None) is not None:
+        return [sys.executable, "-m", main.__spec__.name, *sys.argv[1:]]
+    return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+
+
+def _wait(nodes: List[subprocess.Popen]) -> int:
+    while True:
+        codes = [node.poll() for node in nodes]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed:
+            return failed[0] if failed[0] > 0 else 1
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.2)
+
+
+def _stop(nodes: List[subprocess.Popen]) -> None:
+    """SIGTERM each node's whole process group (its local ranks too), then SIGKILL."""
+    for node in nodes:
+        _signal_group(node, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for node in nodes:
+        try:
+            node.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(node, signal.SIGKILL)
+
+
+def _signal_group(node: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(node.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

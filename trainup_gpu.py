@@ -1,0 +1,31 @@
+"""Train the radiation-column MLP on GPUs: trainup_cpu.py plus what a GPU adds.
+
+    python trainup_gpu.py                                       # 1 GPU (or CPU, with a warning)
+    python trainup_gpu.py --gpus 2                              # DDP over 2 GPUs, NCCL
+    python trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2 # 2 nodes simulated on this host
+    python trainup_gpu.py --gpus 2 --gpu-ids 2,3                # local rank r on CUDA id ids[r]
+    torchrun --standalone --nproc_per_node 2 trainup_gpu.py     # torchrun starts the ranks
+
+What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices);
+--gpus is processes per node; more ranks than GPUs share them over gloo with 1/n of the
+memory each; with no GPU the run goes on on CPU with a warning, unless --require-gpu.
+"""
+import sys
+
+from kosmoss.cli_support import OneLineParser, run_command
+from kosmoss.run import run
+from kosmoss.run.flags import add_gpu_flags, add_run_flags, config_from_args
+
+
+def main(argv=None) -> int:
+    parser = OneLineParser(prog="trainup_gpu.py", description=__doc__.split("\n\n")[0])
+    add_run_flags(parser, processes=False)
+    add_gpu_flags(parser)
+    args = parser.parse_args(argv)
+    # The GPU launcher: the machine offers a GPU and the run asks for one.
+    config = config_from_args(args, machine_gpu="offer", use_gpu=True, process_flag="--gpus")
+    return run_command(parser.prog, lambda: run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
