@@ -27,3 +27,11 @@ def run_command(prog: str, command: Callable[[], object]) -> int:
         print(f"{prog}: failed: {err}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
+
+
+def command_main(prog: str, description: str, add_arguments: Callable, argv=None) -> int:
+    """``main()`` of one subcommand module, so each can also run on its own."""
+    parser = OneLineParser(prog=prog, description=description)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_command(prog, lambda: args.command(args))

@@ -1,5 +1,4 @@
 """Importing kosmoss does nothing: no folders, no config, no logging handlers."""
-import logging
 import subprocess
 import sys
 

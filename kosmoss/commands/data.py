@@ -11,7 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
-from ..cli_support import OneLineParser, run_command
+from ..cli_support import OneLineParser, command_main
 from ..data import presets
 from ..data.sources import SyntheticSource
 from ..data.store import open_dataset
@@ -135,10 +135,7 @@ def info_command(args: argparse.Namespace) -> None:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="kosmoss data", description=HELP)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_command(parser.prog, lambda: args.command(args))
+    return command_main("kosmoss data", HELP, add_arguments, argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_support import OneLineParser, run_command
+from ..cli_support import command_main
 
 HELP = "versions, CPU cores, GPUs, distributed backends and the launcher detected"
 
@@ -49,10 +49,7 @@ def env_command(args: argparse.Namespace) -> None:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="kosmoss env", description=HELP)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_command(parser.prog, lambda: args.command(args))
+    return command_main("kosmoss env", HELP, add_arguments, argv)
 
 
 if __name__ == "__main__":

@@ -4,29 +4,29 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_support import OneLineParser, run_command
+from ..cli_support import command_main
 from ..run.flags import add_run_flags, config_from_args
 
 HELP = "train the MLP on CPU (1 process, or DDP over gloo)"
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("train", help=HELP, description=HELP)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_flags(parser)
     parser.set_defaults(command=train_command)
+
+
+def register(subparsers) -> None:
+    add_arguments(subparsers.add_parser("train", help=HELP, description=HELP))
 
 
 def train_command(args: argparse.Namespace) -> None:
     from ..run import run  # Lightning is slow to import; only this command needs it
 
-    run(config_from_args(args))
+    run(config_from_args(args, machine_gpu="none", use_gpu=False))
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="kosmoss train", description=HELP)
-    add_run_flags(parser)
-    args = parser.parse_args(argv)
-    return run_command(parser.prog, lambda: train_command(args))
+    return command_main("kosmoss train", HELP, add_arguments, argv)
 
 
 if __name__ == "__main__":
