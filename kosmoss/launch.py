@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+import psutil
+
 from .environment import detect_launcher
 from .errors import UsageError
 
@@ -74,11 +76,41 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def check_master_port(topology: Topology) -> None:
+    """A MASTER_PORT the user set must be free before we start ranks on it, or they would
+    fail with "Address already in use" one by one; name who holds it."""
+    port = os.environ.get("MASTER_PORT")
+    starts_ranks = topology.launcher in ("simulate", "lightning") and "LOCAL_RANK" not in os.environ
+    if not port or not starts_ranks:
+        return
+    with socket.socket() as sock:
+        # SO_REUSEADDR: a port in TIME_WAIT is free for us; one being listened on is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", int(port)))
+        except OSError:
+            raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
+                             "process, or unset MASTER_PORT and kosmoss picks a free one") from None
+
+
+def port_holder(port: int) -> str:
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            if conn.pid is None:
+                break
+            try:
+                command = " ".join(psutil.Process(conn.pid).cmdline())
+            except psutil.Error:
+                command = "?"
+            return f"held by pid {conn.pid} ({command[:80]})"
+    return "held by a process this user cannot see"
+
+
 def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
                    echo: Callable[[str], None]) -> int:
     """Run this same command once per node, as if on K hosts; returns the exit code.
     If one node process fails, the others are ended too: nothing is left running."""
-    port = free_port()
+    port = int(os.environ.get("MASTER_PORT") or free_port())
     echo(f"simulating {topology.num_nodes} nodes on this host: node processes with NODE_RANK "
          f"0..{topology.num_nodes - 1}, MASTER_ADDR 127.0.0.1, MASTER_PORT {port}, "
          f"{topology.devices_per_node} rank(s) each")

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +113,41 @@ def test_require_gpu_without_a_gpu(shared_home):
     proc = run_script(["trainup_gpu.py", *TINY, "--require-gpu"], shared_home, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "--require-gpu" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("script, args", [
+    ("trainup_gpu.py", ["--gpus", "1", "--num-nodes", "2"]),
+    ("trainup_cpu.py", ["--num-processes", "2"]),
+])
+def test_busy_master_port_names_its_holder(script, args, shared_home):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = run_script([script, *TINY, *args], shared_home, timeout=120,
+                          env_extra={"MASTER_PORT": str(port)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"MASTER_PORT {port} is busy, held by pid {os.getpid()}" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_dead_rank_ends_a_single_node_run(shared_home):
+    env = {**os.environ, "KOSMOSS_HOME": str(shared_home)}
+    parent = subprocess.Popen([sys.executable, "trainup_cpu.py", "--num-processes", "2", *TINY,
+                               "--max-epochs", "100000"], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, ranks = time.monotonic() + 120, []
+        while not ranks and time.monotonic() < deadline:
+            time.sleep(1)
+            ranks = psutil.Process(parent.pid).children()
+        assert ranks, "rank 1 did not start"
+        time.sleep(8)
+        ranks[0].send_signal(signal.SIGKILL)
+        assert parent.wait(timeout=60) != 0
+        time.sleep(0.5)
+        assert not _processes_of(shared_home)
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -52,6 +52,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     config.warnings = validate(config) + list(config.warnings)
     topology = launch.resolve(config.num_processes, config.num_nodes, config.process_flag)
     rank_zero_only.rank = topology.global_rank_hint()  # Lightning sets the same, later
+    launch.check_master_port(topology)
     policy = decide(MachineGpu(config.machine_gpu, config.gpu_index), config.use_gpu,
                     require=config.require_gpu)
     config.warnings += list(policy.warnings)
