@@ -4,6 +4,8 @@
     python trainup_cpu.py --num-processes 2                 # DDP, Lightning starts rank 1
     python trainup_cpu.py --num-processes 2 --batch-size 512 --scale-lr linear
     python trainup_cpu.py --dataset tiny --max-epochs 1 --result-json /tmp/result.json
+    torchrun --standalone --nproc_per_node 2 trainup_cpu.py    # torchrun starts the 2 ranks
+    srun --ntasks-per-node 2 python trainup_cpu.py             # so does Slurm
 
 --batch-size is the global batch: each of the N processes gets batch-size / N.
 Results go to $KOSMOSS_HOME/runs/<run-id>/ (result.json, TensorBoard, CSV, checkpoints).

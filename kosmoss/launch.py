@@ -4,7 +4,8 @@
 - *simulated nodes*: ``--num-nodes K`` with no cluster around us starts K node processes
   on this host (NODE_RANK 0..K-1, one MASTER_ADDR/MASTER_PORT), because Lightning started
   once with ``num_nodes=2`` waits forever for node 1;
-- torchrun already started us: never spawn again; the topology comes from its variables.
+- torchrun or srun already started us: never spawn again; the topology comes from their
+  variables (Lightning's TorchElasticEnvironment and SLURMEnvironment do the rest).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ STOP_GRACE_S = 10.0
 class Topology:
     num_nodes: int
     devices_per_node: int
-    launcher: str  # single | lightning | simulate | simulated-node | torchrun
+    launcher: str  # single | lightning | simulate | simulated-node | torchrun | slurm
     node_rank: int = 0
 
     @property
@@ -41,6 +42,8 @@ class Topology:
         """This process's rank before Lightning has set up (for rank-zero printing)."""
         if self.launcher == "torchrun":
             return int(os.environ.get("RANK", 0))
+        if self.launcher == "slurm":
+            return int(os.environ.get("SLURM_PROCID", 0))
         return self.node_rank * self.devices_per_node + int(os.environ.get("LOCAL_RANK", 0))
 
 
@@ -50,8 +53,11 @@ def resolve(num_processes: Optional[int], num_nodes: Optional[int],
     if os.environ.get(SIMULATED_NODE_ENV):
         return Topology(int(os.environ[SIMULATED_NODE_ENV]), num_processes or 1,
                         "simulated-node", node_rank=int(os.environ["NODE_RANK"]))
-    if detect_launcher() == "torchrun":
+    launcher = detect_launcher()
+    if launcher == "torchrun":
         return _from_torchrun(num_processes, num_nodes, process_flag)
+    if launcher == "slurm":
+        return _from_slurm(num_processes, num_nodes, process_flag)
     devices, nodes = num_processes or 1, num_nodes or 1
     if nodes > 1:
         return Topology(nodes, devices, "simulate")
@@ -68,6 +74,23 @@ def _from_torchrun(num_processes, num_nodes, process_flag) -> Topology:
         raise UsageError(f"--num-nodes {num_nodes} contradicts torchrun's --nnodes {nodes}: "
                          "drop the flag, torchrun decides")
     return Topology(nodes, local, "torchrun", node_rank=int(os.environ.get("GROUP_RANK", 0)))
+
+
+def _from_slurm(num_processes, num_nodes, process_flag) -> Topology:
+    nodes = int(os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+    tasks = int(os.environ["SLURM_NTASKS"])
+    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:  # Lightning would refuse it
+        raise UsageError(f"srun --ntasks {tasks}: ask for --ntasks-per-node instead (Lightning's "
+                         "SLURMEnvironment needs the same number of tasks on every node)")
+    per_node = tasks // nodes
+    if num_processes is not None and num_processes != per_node:
+        raise UsageError(f"{process_flag} {num_processes} contradicts Slurm's {per_node} tasks "
+                         "per node: drop the flag, or ask sbatch/srun for --ntasks-per-node "
+                         f"{num_processes}")
+    if num_nodes is not None and num_nodes != nodes:
+        raise UsageError(f"--num-nodes {num_nodes} contradicts Slurm's {nodes} node(s): drop "
+                         f"the flag, or ask sbatch for --nodes {num_nodes}")
+    return Topology(nodes, per_node, "slurm", node_rank=int(os.environ.get("SLURM_NODEID", 0)))
 
 
 def free_port() -> int:

@@ -31,6 +31,7 @@ from ..data import presets
 from ..data.datamodule import FlattenedDataModule
 from ..data.stats import Statistics
 from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
+from ..environment import detect_launcher
 from ..errors import RunFailed, UsageError
 from ..model import LitMLP
 from ..scaling import ScalingPlan, plan
@@ -160,10 +161,14 @@ def _new_run_id() -> str:
 
 def _run_id() -> str:
     """Rank 0 names the run; ranks started by Lightning or by the simulated-node launcher
-    inherit the name; torchrun's ranks derive it from torchrun's own run id."""
+    inherit the name; Slurm's and torchrun's ranks derive it from the job's own id."""
     inherited = os.environ.get(RUN_ID_ENV)
     if inherited and (os.environ.get("LOCAL_RANK") or os.environ.get(launch.SIMULATED_NODE_ENV)):
         return inherited
+    if detect_launcher() == "slurm":  # the same across a requeue: resume finds it
+        job = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
+        return f"slurm-{job}"
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return f"torchrun-{elastic[:12]}"
