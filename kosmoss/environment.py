@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 import platform
+import warnings
 from typing import Dict, Iterator, List, Optional
 
 import psutil
@@ -61,8 +62,11 @@ def detect_launcher() -> Optional[str]:
 
     if TorchElasticEnvironment.detect():
         return "torchrun"
-    if SLURMEnvironment.detect():
-        return "slurm"
+    with warnings.catch_warnings():
+        # detect() also warns wherever srun is installed but unused: asking is not launching.
+        warnings.simplefilter("ignore")
+        if SLURMEnvironment.detect():
+            return "slurm"
     return next((name for name, variable in OTHER_LAUNCHERS if variable in os.environ), None)
 
 

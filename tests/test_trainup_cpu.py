@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import run_script
+from helpers import run_script
 from kosmoss.run.config import RunConfig, validate
 
 CONTRACT = {"world_size", "num_nodes", "devices_per_node", "accelerator", "strategy", "backend",

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import REPO, run_script
+from helpers import REPO, run_script
 
 TINY = ["--dataset", "tiny", "--no-progress"]
 

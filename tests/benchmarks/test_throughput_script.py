@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import run_script
+from helpers import run_script
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import RandomSource
+from helpers import RandomSource
 from kosmoss.data import presets
 from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
 from kosmoss.errors import DatasetError, UsageError

@@ -2,11 +2,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
 
 
 @pytest.mark.slow

@@ -1,0 +1,42 @@
+"""Helpers the tests import (conftest.py only holds fixtures: its module name is shared)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kosmoss.data.schema import ColumnSchema
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class RandomSource:
+    """Blocks of random numbers in the schema: for loader and storage tests that must not
+    depend on the physics of the synthetic generator."""
+
+    def __init__(self, n_columns: int, levels: int = 5, seed: int = 0):
+        self.schema, self.n_columns, self.seed = ColumnSchema(levels), n_columns, seed
+
+    def iter_chunks(self, chunk_size):
+        rng = np.random.default_rng(self.seed)
+        for start in range(0, self.n_columns, chunk_size):
+            n = min(chunk_size, self.n_columns - start)
+            blocks = {name: rng.normal(size=(n,) + shape).astype(np.float32)
+                      for name, shape in self.schema.block_shapes().items()}
+            blocks["sca_inputs"][:, 0] = 7.0  # a constant feature: zero variance
+            yield blocks
+
+    def describe(self):
+        return {"name": "random", "seed": self.seed}
+
+
+def run_script(args, home: Path, timeout: float = 300, env_extra=None):
+    """Run a kosmoss entry point as a user would, in its own KOSMOSS_HOME."""
+    env = {**os.environ, "KOSMOSS_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    for leaked in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "KOSMOSS_RUN_ID", "NODE_RANK"):
+        env.pop(leaked, None)
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
