@@ -1,10 +1,16 @@
 """trainup_cpu.py as a user runs it: real processes, real gloo DDP, real exit codes."""
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from helpers import run_script
+from helpers import REPO, run_script
 from kosmoss.run.config import RunConfig, validate
 
 CONTRACT = {"world_size", "num_nodes", "devices_per_node", "accelerator", "strategy", "backend",
@@ -90,6 +96,7 @@ def _half_written(shared_home, tmp_path):
     (["--scale-lr", "cubic"], "--scale-lr"),
     (["--max-epochs", "0"], "--max-epochs"),
     (["--warmup-steps", "-5"], "--warmup-steps -5"),
+    (["--resume", "no-such-run", "--dataset", "tiny"], "--resume no-such-run: no such run"),
     (["--batch-size", "100000", "--dataset", "tiny"], "--batch-size 100000"),
     ([_half_written], "metadata.json"),
     ([_corrupted_copy], "checksum does not match"),
@@ -110,3 +117,50 @@ def test_more_processes_than_cores_is_a_warning(monkeypatch):
     warnings = validate(RunConfig(num_processes=3))
     assert len(warnings) == 1 and "more than the 2 CPU cores" in warnings[0]
     assert validate(RunConfig(num_processes=2)) == []
+
+
+def _start_and_signal(home, sig, args, wait_s=12):
+    """Start trainup_cpu.py, let it train, send ``sig`` to the launching process."""
+    env = {**os.environ, "KOSMOSS_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "trainup_cpu.py", "--dataset", "tiny",
+                             "--no-progress", "--batch-size", "64", "--max-epochs", "100000",
+                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(wait_s)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_at_one_step_and_resume_continues(shared_home, tmp_path):
+    first = tmp_path / "first.json"
+    code, out, err = _start_and_signal(shared_home, signal.SIGTERM, [
+        "--num-processes", "2", "--max-steps", "100000", "--result-json", str(first)])
+    assert code == 0, err[-3000:]
+    stopped = json.loads(first.read_text())
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["global_step"] > 0
+    assert stopped["replicas_identical"] and stopped["test_loss"] is None
+    assert "continue with --resume" in out
+    run_dir = Path(stopped["run_dir"])
+    assert (run_dir / "checkpoints" / "preempted.ckpt").is_file()
+    then = tmp_path / "then.json"
+    target = stopped["global_step"] + 10
+    proc = run_script(["trainup_cpu.py", "--dataset", "tiny", "--no-progress", "--num-processes",
+                       "2", "--batch-size", "64", "--max-epochs", "100000", "--max-steps",
+                       str(target), "--resume", stopped["run_id"], "--result-json", str(then)],
+                      shared_home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads(then.read_text())
+    assert resumed["resumed_from_step"] == stopped["global_step"]
+    assert resumed["global_step"] == target and resumed["run_dir"] == str(run_dir)
+    assert resumed["stopped_by"] is None and resumed["test_loss"] is not None
+
+
+@pytest.mark.slow
+def test_sigusr1_stops_a_single_process_run(shared_home, tmp_path):
+    out_file = tmp_path / "r.json"
+    code, _, err = _start_and_signal(shared_home, signal.SIGUSR1, [
+        "--max-steps", "100000", "--result-json", str(out_file)], wait_s=8)
+    assert code == 0, err[-3000:]
+    assert json.loads(out_file.read_text())["stopped_by"] == "SIGUSR1"

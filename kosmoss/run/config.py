@@ -36,6 +36,7 @@ class RunConfig:
     gpu_ids: Optional[Tuple[int, ...]] = None
     process_flag: str = "--num-processes"  # how the launcher script names num_processes
     progress: bool = True
+    resume: Optional[str] = None  # a run id or run folder whose checkpoint to continue
     warnings: List[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:

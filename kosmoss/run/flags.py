@@ -44,6 +44,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
     add("--num-workers", type=int, default=None,
         help="data workers per process (default: sized from the cores per process)")
     add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add("--resume", metavar="RUN", default=None,
+        help="continue a run stopped by a signal: its run id or folder (under Slurm a "
+             "requeued job resumes by itself)")
 
 
 def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
@@ -81,5 +84,6 @@ def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
         warmup_steps=args.warmup_steps,
         max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,
         seed=args.seed, result_json=args.result_json, hidden=tuple(args.hidden),
-        mode=args.mode, num_workers=args.num_workers, progress=args.progress, **extra,
+        mode=args.mode, num_workers=args.num_workers, progress=args.progress,
+        resume=args.resume, **extra,
     )

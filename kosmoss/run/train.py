@@ -21,6 +21,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
@@ -36,9 +37,12 @@ from ..errors import RunFailed, UsageError
 from ..model import LitMLP
 from ..scaling import ScalingPlan, plan
 from .callbacks import ReplicaCheck, ThroughputMeter
+from .preemption import CHECKPOINT as PREEMPTED
+from .preemption import StopOnSignal
 from .config import RunConfig, validate
 
 SPLITS = (0.8, 0.1, 0.1)
+SCORES = ("val_loss", "val_rmse_wm2", "test_loss", "test_rmse_wm2")
 RUN_ID_ENV = "KOSMOSS_RUN_ID"
 
 
@@ -73,7 +77,8 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     if topology.launcher == "simulate":
         return _simulate(topology, config, echo)
 
-    run_dir = _run_dir()
+    run_dir = _run_dir(config.resume)
+    resume_from = _checkpoint_to_resume(run_dir, config.resume)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = FlattenedDataModule(
         dataset, batch_size=scaling.per_device_batch_size, mode=config.mode, splits=SPLITS,
@@ -83,20 +88,17 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     model = LitMLP(dataset.n_x, config.hidden, dataset.n_y, lr=scaling.lr, stats=stats,
                    warmup_steps=scaling.warmup_steps, warmup_start_lr=scaling.base_lr)
     meter, replicas = ThroughputMeter(), ReplicaCheck()
+    stopper = StopOnSignal(run_dir / "checkpoints")
     trainer = _trainer(config, topology, scaling, policy, share, run_dir, dataset.n_samples,
-                       [meter, replicas])
+                       [meter, replicas, stopper])
     with warnings.catch_warnings():
         # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         # Lightning 2.6 calls torch APIs that torch 2.13 deprecates: nothing a user can act on.
         warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
         warnings.filterwarnings("ignore", ".*all_gather is deprecated.*")
-        trainer.fit(model, datamodule=datamodule)
-        if _metric(trainer, "val_loss") is None:  # --max-steps stopped before an epoch ended
-            trainer.validate(model, datamodule=datamodule, verbose=False)
-        val_loss = _metric(trainer, "val_loss")
-        val_rmse = _metric(trainer, "val_rmse_wm2")
-        tested = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+        trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
+        scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule)
     result = {
         "run_id": run_dir.name,
         "run_dir": str(run_dir),
@@ -108,14 +110,14 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         "epochs": trainer.current_epoch,
         "train_samples_per_s": meter.samples_per_s,
         "time_to_first_step_s": meter.first_step_s,
-        "val_loss": val_loss,
-        "val_rmse_wm2": val_rmse,
-        "test_loss": tested.get("test_loss"),
-        "test_rmse_wm2": tested.get("test_rmse_wm2"),
+        **{name: scores.get(name) for name in SCORES},
         "mean_baseline_loss": mean_baseline_loss(stats),
         "params": sum(p.numel() for p in model.parameters()),
         "replica_checksums": replicas.checksums,
         "replicas_identical": replicas.identical,
+        "stopped_by": stopper.stopped_by,
+        "resumed_from": str(resume_from) if resume_from else None,
+        "resumed_from_step": _step_of(resume_from),
         "warnings": config.warnings,
         "seed": config.seed,
         "config": config.as_dict(),
@@ -124,10 +126,44 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     if trainer.is_global_zero:
         _write_results(result, run_dir, config.result_json)
         echo(summary(result))
+        if stopper.requeue_if_asked(trainer.is_global_zero):
+            echo(f"requeued Slurm job {os.environ['SLURM_JOB_ID']}: it resumes from {stopper.checkpoint}")
     return result
 
 
+def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule) -> dict:
+    """Validation scores of the final weights (run again if --max-steps ended mid-epoch),
+    then the test scores; read before testing, which resets the trainer's metrics."""
+    if _metric(trainer, "val_loss") is None:
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    scores = {name: _metric(trainer, name) for name in ("val_loss", "val_rmse_wm2")}
+    return {**scores, **trainer.test(model, datamodule=datamodule, verbose=False)[0]}
+
+
+def _checkpoint_to_resume(run_dir: Path, explicit: Optional[str]) -> Optional[Path]:
+    """``--resume RUN``: its preempted (else last) checkpoint. Without it, a Slurm job that
+    was requeued finds its own preempted checkpoint in its run directory."""
+    folder = run_dir / "checkpoints"
+    candidates = [folder / PREEMPTED] + ([folder / "last.ckpt"] if explicit else [])
+    found = next((path for path in candidates if path.is_file()), None)
+    if explicit and found is None:
+        raise UsageError(f"--resume {explicit}: no checkpoints/{PREEMPTED} or last.ckpt in "
+                         f"{run_dir}; nothing to resume")
+    if found is not None and not explicit and detect_launcher() != "slurm":
+        return None
+    return found
+
+
+def _step_of(checkpoint: Optional[Path]) -> Optional[int]:
+    if checkpoint is None:
+        return None
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"])
+
+
 def summary(result: dict) -> str:
+    if result["stopped_by"]:
+        return (f"stopped by {result['stopped_by']} at step {result['global_step']}, checkpoint "
+                f"saved; continue with --resume {result['run_id']}")
     speed = result["train_samples_per_s"]
     return (f"val_loss {result['val_loss']:.4g} (predicting the mean: "
             f"{result['mean_baseline_loss']:.3g}), test_loss {result['test_loss']:.4g}, "
@@ -178,7 +214,14 @@ def _run_id() -> str:
     return _new_run_id()
 
 
-def _run_dir() -> Path:
+def _run_dir(resume: Optional[str] = None) -> Path:
+    if resume:
+        folder = Path(resume).expanduser() if "/" in resume else paths.runs_root() / resume
+        if not folder.is_dir():
+            raise UsageError(f"--resume {resume}: no such run; give a run id from "
+                             f"{paths.runs_root()} or a run folder")
+        os.environ[RUN_ID_ENV] = folder.name
+        return folder
     run_id = _run_id()
     os.environ[RUN_ID_ENV] = run_id
     run_dir = paths.runs_root() / run_id
@@ -217,6 +260,8 @@ def _trainer(config: RunConfig, topology: launch.Topology, scaling: ScalingPlan,
         callbacks=callbacks,
         # FlattenedDataModule already gives each rank its share of every batch.
         use_distributed_sampler=False,
+        # kosmoss handles SIGUSR1/SIGTERM itself (run/preemption.py), Lightning must not.
+        plugins=[SLURMEnvironment(auto_requeue=False)] if topology.launcher == "slurm" else None,
         log_every_n_steps=min(50, steps_per_epoch),
         enable_progress_bar=config.progress,
         default_root_dir=run_dir,

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -34,3 +35,44 @@ def test_srun_ntasks_without_per_node_is_a_one_line_error(slurm, shared_home):
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("trainup_cpu.py:")]
     assert len(errors) == 2 and "ask for --ntasks-per-node" in errors[0]
+
+
+def _job_state(job, env):
+    out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                         text=True).stdout
+    return next((w.split("=")[1] for w in out.split() if w.startswith("JobState=")), "")
+
+
+def _wait_for(job, env, states, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _job_state(job, env)
+        if state in states:
+            return state
+        time.sleep(1)
+    raise AssertionError(f"job {job} still {_job_state(job, env)}, expected {states}")
+
+
+@pytest.mark.slow
+def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_home, tmp_path):
+    env = {**slurm, "KOSMOSS_HOME": str(shared_home), "KOSMOSS_PYTHON": sys.executable}
+    out = tmp_path / "result.json"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--chdir", str(REPO), "--output", str(tmp_path / "job.out"),
+         "slurm/submit.sbatch", "--dataset", "tiny", "--batch-size", "64", "--max-epochs",
+         "100000", "--max-steps", "2000", "--no-progress", "--result-json", str(out)],
+        env=env, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    _wait_for(job, env, {"RUNNING"})
+    time.sleep(12)  # let it train
+    subprocess.run(["scancel", "--signal", "USR1", job], env=env, check=True)
+    _wait_for(job, env, {"PENDING"})  # requeued by kosmoss
+    stopped = json.loads(out.read_text())
+    assert stopped["stopped_by"] == "SIGUSR1" and stopped["global_step"] > 0
+    # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
+    assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", \
+        (tmp_path / "job.out").read_text()[-3000:]
+    resumed = json.loads(out.read_text())
+    assert resumed["run_id"] == f"slurm-{job}" and resumed["stopped_by"] is None
+    assert resumed["resumed_from_step"] == stopped["global_step"]
+    assert resumed["global_step"] == 2000
