@@ -110,9 +110,10 @@ def sharing(ranks_on_host: int, gpus_on_host: int) -> Sharing:
                    f"GPUs, so gloo, and each rank may use 1/{per_gpu} of its GPU's memory")
 
 
-def apply_sharing(share: Sharing, policy: DevicePolicy) -> None:
-    if policy.gpu and share.memory_fraction < 1.0:
-        torch.cuda.set_per_process_memory_fraction(share.memory_fraction, policy.device)
+def apply_sharing(share: Sharing, device: torch.device) -> None:
+    """In each rank, once its CUDA device is known: cap it at its share of the GPU."""
+    if device.type == "cuda" and share.memory_fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(share.memory_fraction, device)
 
 
 def to_numpy(value: Any) -> np.ndarray:

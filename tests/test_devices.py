@@ -68,9 +68,9 @@ def test_memory_fraction_is_applied_only_to_shared_gpus(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, device: calls.append((fraction, str(device))))
-    devices.apply_sharing(sharing(2, 1), DevicePolicy(True, 0))
-    devices.apply_sharing(sharing(1, 1), DevicePolicy(True, 0))
-    devices.apply_sharing(sharing(2, 1), DevicePolicy(False))
+    devices.apply_sharing(sharing(2, 1), DevicePolicy(True, 0).device)
+    devices.apply_sharing(sharing(1, 1), DevicePolicy(True, 0).device)
+    devices.apply_sharing(sharing(2, 1), DevicePolicy(False).device)
     assert calls == [(0.5, "cuda:0")]
 
 

@@ -14,7 +14,7 @@ from .. import paths
 from ..cli_support import OneLineParser, command_main
 from ..data import presets
 from ..data.sources import SyntheticSource
-from ..data.store import open_dataset
+from ..data.store import open_dataset, prepare
 from ..errors import UsageError
 
 HELP = "prepare and inspect datasets"
@@ -80,7 +80,7 @@ def prepare_command(args: argparse.Namespace) -> None:
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"preparing {name}", total=source.n_columns)
-            dataset = presets.prepare_checked(
+            dataset = prepare(
                 source, Path(dest), shard_size, force=args.force,
                 on_shard=lambda done, total: progress.update(task, completed=done),
             )

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .. import paths
-from ..errors import DatasetError, UsageError
+from ..errors import UsageError
 from .sources import SyntheticSource
 from .store import PreparedDataset, open_dataset, prepare
 
@@ -72,15 +72,5 @@ def prepare_preset(
     dest = paths.data_root() / preset.name
     if log:
         log(f"preparing dataset {preset.name!r}: {preset.n_columns} synthetic columns -> {dest}")
-    return prepare_checked(preset.source(), dest, preset.shard_size, force=force)
+    return prepare(preset.source(), dest, preset.shard_size, force=force)
 
-
-def prepare_checked(source, dest: Path, shard_size: int, *, force: bool = False, on_shard=None):
-    """:func:`store.prepare`, refusing to touch a folder that is there but is not a dataset."""
-    if dest.exists() and not force:
-        try:
-            return open_dataset(dest, verify=False)
-        except DatasetError as err:
-            raise DatasetError(f"{dest} exists but is not a usable dataset ({err}); "
-                               "move it away or pass --force to replace it") from None
-    return prepare(source, dest, shard_size, force=force, on_shard=on_shard)

@@ -100,7 +100,7 @@ def prepare(
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dest):
         if dest.exists() and not force:
-            return open_dataset(dest, verify=False)
+            return _existing(dest)
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             _write(source, tmp, shard_size, dest.name, on_shard)
@@ -108,6 +108,14 @@ def prepare(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return open_dataset(dest, verify=False)
+
+
+def _existing(dest: Path) -> PreparedDataset:
+    try:
+        return open_dataset(dest, verify=False)
+    except DatasetError as err:
+        raise DatasetError(f"{dest} exists but is not a usable dataset ({err}); "
+                           "move it away or pass --force to replace it") from None
 
 
 @contextlib.contextmanager

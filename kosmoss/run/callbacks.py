@@ -8,6 +8,8 @@ from typing import List, Optional
 import pytorch_lightning as pl
 import torch
 
+from ..devices import Sharing, apply_sharing, to_numpy
+
 
 class ThroughputMeter(pl.Callback):
     """Training samples per second over the whole world, in steady state.
@@ -47,9 +49,19 @@ class ThroughputMeter(pl.Callback):
             self.samples_per_s = float(samples) / float(elapsed)
 
 
+class GpuShare(pl.Callback):
+    """Ranks that share a GPU each take 1/n of its memory (kosmoss.devices.sharing)."""
+
+    def __init__(self, share: Sharing) -> None:
+        self.share = share
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        apply_sharing(self.share, trainer.strategy.root_device)
+
+
 def parameter_checksum(module: torch.nn.Module) -> str:
-    flat = torch.cat([p.detach().cpu().flatten() for p in module.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:15]
+    flat = torch.cat([p.detach().flatten() for p in module.parameters()])
+    return hashlib.sha256(to_numpy(flat).tobytes()).hexdigest()[:15]
 
 
 class ReplicaCheck(pl.Callback):

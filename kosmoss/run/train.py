@@ -36,7 +36,7 @@ from ..environment import detect_launcher
 from ..errors import RunFailed, UsageError
 from ..model import LitMLP
 from ..scaling import ScalingPlan, plan
-from .callbacks import ReplicaCheck, ThroughputMeter
+from .callbacks import GpuShare, ReplicaCheck, ThroughputMeter
 from .preemption import CHECKPOINT as PREEMPTED
 from .preemption import StopOnSignal
 from .config import RunConfig, validate
@@ -75,7 +75,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
             echo(f"backend: {share.reason}")
         echo("\n".join(["scaling:"] + [f"  {line}" for line in scaling.lines()]))
     if topology.launcher == "simulate":
-        return _simulate(topology, config, echo)
+        return _simulate(topology, echo)
 
     run_dir = _run_dir(config.resume)
     resume_from = _checkpoint_to_resume(run_dir, config.resume)
@@ -90,7 +90,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     meter, replicas = ThroughputMeter(), ReplicaCheck()
     stopper = StopOnSignal(run_dir / "checkpoints")
     trainer = _trainer(config, topology, scaling, policy, share, run_dir, dataset.n_samples,
-                       [meter, replicas, stopper])
+                       [meter, replicas, stopper, GpuShare(share)])
     with warnings.catch_warnings():
         # Worker count is sized per process on purpose (kosmoss.cpus): silence the hint.
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -126,8 +126,9 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     if trainer.is_global_zero:
         _write_results(result, run_dir, config.result_json)
         echo(summary(result))
-        if stopper.requeue_if_asked(trainer.is_global_zero):
-            echo(f"requeued Slurm job {os.environ['SLURM_JOB_ID']}: it resumes from {stopper.checkpoint}")
+        if stopper.requeue_if_asked():
+            echo(f"requeued Slurm job {os.environ['SLURM_JOB_ID']}: it resumes from "
+                 f"{stopper.checkpoint}")
     return result
 
 
@@ -144,13 +145,13 @@ def _checkpoint_to_resume(run_dir: Path, explicit: Optional[str]) -> Optional[Pa
     """``--resume RUN``: its preempted (else last) checkpoint. Without it, a Slurm job that
     was requeued finds its own preempted checkpoint in its run directory."""
     folder = run_dir / "checkpoints"
-    candidates = [folder / PREEMPTED] + ([folder / "last.ckpt"] if explicit else [])
-    found = next((path for path in candidates if path.is_file()), None)
-    if explicit and found is None:
+    if not explicit:
+        requeued = folder / PREEMPTED
+        return requeued if detect_launcher() == "slurm" and requeued.is_file() else None
+    found = next((p for p in (folder / PREEMPTED, folder / "last.ckpt") if p.is_file()), None)
+    if found is None:
         raise UsageError(f"--resume {explicit}: no checkpoints/{PREEMPTED} or last.ckpt in "
                          f"{run_dir}; nothing to resume")
-    if found is not None and not explicit and detect_launcher() != "slurm":
-        return None
     return found
 
 
@@ -179,16 +180,14 @@ def _check_fits(n_samples: int, scaling: ScalingPlan) -> None:
                          "or a larger --dataset")
 
 
-def _simulate(topology: launch.Topology, config: RunConfig, echo) -> dict:
+def _simulate(topology: launch.Topology, echo) -> dict:
     run_id = _new_run_id()
     code = launch.simulate_nodes(topology, {RUN_ID_ENV: run_id}, echo)
     if code != 0:
         raise RunFailed(f"a node process exited with code {code}; the other nodes were "
                         f"ended too (run {run_id})")
-    result = json.loads((paths.runs_root() / run_id / "result.json").read_text())
-    if config.result_json:
-        _write_results(result, paths.runs_root() / run_id, config.result_json)
-    return result
+    # Node 0's rank 0 wrote result.json (and --result-json, the same flags reached it).
+    return json.loads((paths.runs_root() / run_id / "result.json").read_text())
 
 
 def _new_run_id() -> str:

@@ -66,7 +66,7 @@ def test_foreign_folder_is_never_replaced(tmp_path):
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me")
     with pytest.raises(DatasetError, match="--force"):
-        presets.prepare_checked(RandomSource(10), folder, 10)
+        prepare(RandomSource(10), folder, 10)
     assert (folder / "notes.txt").read_text() == "keep me"
 
 
