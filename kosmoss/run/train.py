@@ -129,6 +129,10 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         if stopper.requeue_if_asked():
             echo(f"requeued Slurm job {os.environ['SLURM_JOB_ID']}: it resumes from "
                  f"{stopper.checkpoint}")
+    if torch.distributed.is_initialized():
+        # Lightning leaves the group up; a rank exiting with gloo's threads alive was seen
+        # to abort ("terminate called without an active exception", 1 torchrun run in 12).
+        torch.distributed.destroy_process_group()
     return result
 
 
