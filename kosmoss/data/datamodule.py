@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
@@ -11,6 +11,22 @@ from .loading import FlattenedDataset, RankBatchSampler, split_indices
 from .store import PreparedDataset, open_dataset
 
 STAGES = ("train", "val", "test")
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that Lightning checkpoints with its loops (it saves ``state_dict()`` of
+    loaders that have one): a run resumed mid-epoch continues the epoch's own sample order
+    instead of starting the epoch over."""
+
+    def __init__(self, *args, batches_done: Callable[[], int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches_done = batches_done
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "batches_done": self.batches_done()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.resume(state["epoch"], state["batches_done"])
 
 
 class FlattenedDataModule(pl.LightningDataModule):
@@ -54,10 +70,17 @@ class FlattenedDataModule(pl.LightningDataModule):
             shuffle=stage == "train", seed=self.seed,
         )
         # batch_size=None: the sampler yields whole batches and the dataset reads them at once.
-        return DataLoader(
-            self.data, sampler=sampler, batch_size=None, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        options = dict(sampler=sampler, batch_size=None, num_workers=self.num_workers,
+                       persistent_workers=self.num_workers > 0)
+        if stage == "train":
+            return ResumableLoader(self.data, batches_done=self._train_batches_done, **options)
+        return DataLoader(self.data, **options)
+
+    def _train_batches_done(self) -> int:
+        # Lightning's own count of the epoch's finished batches: the loader cannot count
+        # them itself, Lightning's fetcher reads it one batch ahead.
+        trainer = self.trainer
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer else 0
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")

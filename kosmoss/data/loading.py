@@ -8,7 +8,7 @@ batch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -120,9 +120,16 @@ class RankBatchSampler(Sampler[np.ndarray]):
         self.indices = np.asarray(indices, dtype=np.int64)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self._resume_at: Optional[Tuple[int, int]] = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Continue ``epoch`` after its first ``batches_done`` batches, once; a pass over
+        another epoch is whole. Sets the epoch too: a resumed Lightning run reads its first
+        batch before it calls ``set_epoch``."""
+        self.epoch, self._resume_at = epoch, (epoch, batches_done)
 
     def _epoch_order(self) -> np.ndarray:
         if not self.shuffle:
@@ -142,8 +149,10 @@ class RankBatchSampler(Sampler[np.ndarray]):
         return batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        resume_at, self._resume_at = self._resume_at, None
+        skip = resume_at[1] if resume_at and resume_at[0] == self.epoch else 0
         # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
-        return (np.sort(batch) for batch in self.batches())
+        return (np.sort(batch) for batch in self.batches()[skip:])
 
     def __len__(self) -> int:
         n, g = len(self.indices), self.batch_size * self.world_size

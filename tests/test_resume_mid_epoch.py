@@ -1,0 +1,52 @@
+"""A run stopped mid-epoch and resumed ends with the weights of a run never stopped: the
+train loader's state travels in the checkpoint and the epoch continues its own order."""
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from kosmoss.data.datamodule import FlattenedDataModule
+from kosmoss.model import LitMLP
+
+TOTAL_STEPS = 22  # 13 batches per epoch: stops fall in epochs 0 and 1
+
+
+class StopAt(pl.Callback):
+    """What StopOnSignal does on a signal, at a chosen step."""
+
+    def __init__(self, step, path):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def _fit(dataset, steps, callbacks=(), ckpt_path=None):
+    pl.seed_everything(7, verbose=False)
+    model = LitMLP(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics())
+    datamodule = FlattenedDataModule(dataset, batch_size=64, seed=1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False,
+                         limit_val_batches=0, num_sanity_val_steps=0,
+                         callbacks=list(callbacks))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*dataloader is not resumable.*")
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+@pytest.mark.parametrize("stop_at", [5, 18])
+def test_resumed_mid_epoch_matches_an_uninterrupted_run(random_dataset, tmp_path, stop_at):
+    _, reference = _fit(random_dataset, TOTAL_STEPS)
+    checkpoint = tmp_path / "stopped.ckpt"
+    stopped, _ = _fit(random_dataset, TOTAL_STEPS, [StopAt(stop_at, checkpoint)])
+    assert stopped.global_step == stop_at
+    # Raises on Lightning's "your dataloader is not resumable" warning.
+    resumed, model = _fit(random_dataset, TOTAL_STEPS, ckpt_path=checkpoint)
+    assert resumed.global_step == TOTAL_STEPS
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)
