@@ -5,6 +5,7 @@
     python trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2 # 2 nodes simulated on this host
     python trainup_gpu.py --gpus 2 --gpu-ids 2,3                # local rank r on CUDA id ids[r]
     torchrun --standalone --nproc_per_node 2 trainup_gpu.py     # torchrun starts the ranks
+    horovodrun -np 2 --gloo python trainup_gpu.py --strategy horovod  # Horovod (docs/horovod.md)
     sbatch slurm/submit.sbatch --dataset small                  # srun trainup_gpu.py, per task
 
 What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices);

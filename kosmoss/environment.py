@@ -6,7 +6,6 @@ GPU facts come from nvitop's API (NVML), not from parsing ``nvidia-smi`` text.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import platform
@@ -62,6 +61,8 @@ def detect_launcher() -> Optional[str]:
 
     if TorchElasticEnvironment.detect():
         return "torchrun"
+    if "HOROVOD_RANK" in os.environ:  # horovodrun inside a Slurm job: horovodrun's ranks
+        return "horovodrun"
     with warnings.catch_warnings():
         # detect() also warns wherever srun is installed but unused: asking is not launching.
         warnings.simplefilter("ignore")
@@ -73,11 +74,13 @@ def detect_launcher() -> Optional[str]:
 def backends() -> Dict[str, bool]:
     import torch.distributed as dist
 
+    from .engines import horovod
+
     return {
         "gloo": dist.is_available() and dist.is_gloo_available(),
         "nccl": dist.is_available() and dist.is_nccl_available(),
         "mpi": dist.is_available() and dist.is_mpi_available(),
-        "horovod": importlib.util.find_spec("horovod") is not None,
+        "horovod": horovod.available(),  # imports it: a build for another torch fails there
     }
 
 
