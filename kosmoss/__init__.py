@@ -4,3 +4,12 @@ Importing kosmoss does nothing but define names: no folders, no config, no loggi
 handlers. Data and runs live under ``KOSMOSS_HOME`` (default ``~/.kosmoss``).
 """
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # kosmoss.release_memory() is imported when first asked for: importing kosmoss stays cheap.
+    if name == "release_memory":
+        from .memory import release_memory
+
+        return release_memory
+    raise AttributeError(f"module 'kosmoss' has no attribute {name!r}")

@@ -1,0 +1,110 @@
+"""``kosmoss ghosts``: find ghost jobs of kosmoss runs (a dry run); ``--kill`` ends them.
+
+    kosmoss ghosts                      # what outlived its run, who holds GPU memory
+    kosmoss ghosts --port 29500         # who holds port 29500, and is it a ghost?
+    kosmoss ghosts --kill               # end the ghosts of your kosmoss runs
+    kosmoss ghosts --kill --pid 4242    # end this process of yours, kosmoss or not
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..cli_support import command_main
+from ..errors import RunFailed
+from ..ghosts import (DEFAULT_GRACE_S, Ghost, check_grace, end_ghosts, find_ghosts,
+                      human_bytes, port_is_free)
+
+HELP = ("find ghost jobs: ranks that outlived their run, stuck rendezvous, GPU memory and port "
+        "holders; --kill ends them")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="a JSON list, one object per process (pid, run_id, kind, reason, ...)")
+    parser.add_argument("--kill", action="store_true",
+                        help="end the ghosts of your kosmoss runs with their process trees "
+                             "(SIGTERM, --grace, then SIGKILL); with --pid, the named processes")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
+                        help="seconds between SIGTERM and SIGKILL (default %(default)g)")
+    parser.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+                        help="only this process (repeatable); --kill ends it even if no kosmoss "
+                             "run started it, if it is yours")
+    parser.add_argument("--port", type=int, metavar="N",
+                        help="only the processes listening on TCP port N")
+    parser.set_defaults(command=ghosts_command)
+
+
+def register(subparsers) -> None:
+    add_arguments(subparsers.add_parser("ghosts", help=HELP, description=HELP))
+
+
+def ghosts_command(args: argparse.Namespace) -> None:
+    check_grace(args.grace)  # before anything is looked at, let alone ended
+    ghosts = find_ghosts(port=args.port, pids=args.pid)
+    report = end_ghosts(ghosts, args.grace) if args.kill else None
+    if args.json:
+        print(json.dumps([ghost.as_dict() for ghost in ghosts], indent=2))
+    else:
+        _print_table(ghosts, args)
+    if report is not None:
+        print(report.summary(), file=sys.stderr if args.json else sys.stdout)
+        if report.survived:
+            raise RunFailed(f"{len(report.survived)} process(es) survived SIGKILL (stuck in the "
+                            "kernel, state D?): pid " + ", ".join(map(str, report.survived)))
+
+
+def _print_table(ghosts, args: argparse.Namespace) -> None:
+    console = Console(highlight=False, soft_wrap=True)
+    if args.port is not None and not ghosts:
+        console.print(f"port {args.port}: " + ("free" if port_is_free(args.port) else
+                                               "held by a process this user cannot see"))
+        return
+    if not ghosts:
+        console.print("no ghost: no process of a kosmoss run outlived its run, and none holds "
+                      "GPU memory")
+        return
+    table = Table(title="kosmoss ghosts" + (" (dry run)" if not args.kill else ""))
+    for column in ("pid", "user", "why, and the command", "holds", "--kill"):
+        table.add_column(column, overflow="fold")
+    for ghost in ghosts:
+        table.add_row(str(ghost.pid), ghost.user,
+                      Text(f"{ghost.kind}: {ghost.reason}\n").append(ghost.command[:120], "dim"),
+                      _holds(ghost), _fate(ghost))
+    console.print(table)
+    killable = sum(ghost.killable for ghost in ghosts)
+    if not args.kill and killable:
+        console.print(f"dry run: the same command with --kill ends {killable} of these, "
+                      "with their process trees")
+    elif not args.kill:
+        console.print("dry run: none of these is a ghost of your kosmoss runs; "
+                      "`kosmoss ghosts --kill --pid PID` ends a process of yours")
+
+
+def _holds(ghost: Ghost) -> str:
+    held = []
+    if ghost.gpu_memory_bytes is not None:
+        gpus = ",".join(map(str, ghost.gpus))
+        held.append(f"{human_bytes(ghost.gpu_memory_bytes)} on GPU {gpus}")
+    if ghost.ports:
+        held.append("port " + ", ".join(map(str, ghost.ports)))
+    return "\n".join(held)
+
+
+def _fate(ghost: Ghost) -> str:
+    if ghost.ended is not None:
+        return "ended" if ghost.ended else "still alive"
+    return "yes" if ghost.killable else "with --pid" if ghost.mine else "never"
+
+
+def main(argv=None) -> int:
+    return command_main("kosmoss ghosts", HELP, add_arguments, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Run records: which processes belong to which run, so ``kosmoss ghosts`` can tell a
+ghost from a live run. (Outside ``kosmoss.run``, which imports torch: ghosts must answer
+at once.)
+
+psutil reads a process's environment as it was at exec (``/proc/<pid>/environ``), never a
+later ``os.environ`` change, so a run marks its processes twice:
+
+- *before exec*, wherever kosmoss or Lightning starts a process (Lightning's extra ranks,
+  simulated nodes, subprocesses of a rank): ``KOSMOSS_RUN_ID`` and ``KOSMOSS_RUN_LAUNCHER``
+  (``<run id>:<pid>:<create time>`` of the process that started the run) in its environment;
+- *after start*, by every process that runs kosmoss training, whoever launched it (the
+  process the user started, torchrun's and srun's ranks, forked data workers): a record
+  ``processes/<host>-<pid>.json`` in the run directory, with its create time (a reused pid
+  is another process), its launcher, its parent and its state.
+
+``run.json`` in the run directory says who launched the run, its MASTER_PORT when known,
+when it started and its state: running | finished | failed | stopped. Every file is
+written atomically (a temporary file, then ``os.replace``).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import psutil
+
+RUN_ID_ENV = "KOSMOSS_RUN_ID"
+LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"
+RUN_FILE = "run.json"
+PROCESS_DIR = "processes"
+RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
+ENDED = (FINISHED, FAILED, STOPPED)
+# Launchers outside kosmoss, as their program shows in a rank's ancestry (horovodrun's
+# ranks sit under a shell): the process whose death orphans the ranks.
+LAUNCHER_PROGRAMS = {
+    "torchrun": ("torchrun", "torch.distributed.run", "torch.distributed.launch"),
+    "slurm": ("slurmstepd",),
+    "horovodrun": ("horovodrun",),
+    "mpirun": ("mpirun", "mpiexec", "orterun", "prterun"),
+}
+EXTERNAL_LAUNCHERS = tuple(LAUNCHER_PROGRAMS)
+# psutil's create time has a 10 ms tick; a pid reused within this is not a real case.
+SAME_PROCESS_S = 0.05
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """A process that outlives its pid's reuse: the pid plus the time it started."""
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessId":
+        return cls(pid, psutil.Process(pid).create_time())
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict]) -> Optional["ProcessId"]:
+        return cls(int(data["pid"]), float(data["create_time"])) if data else None
+
+    def as_dict(self) -> dict:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+    def process(self) -> Optional[psutil.Process]:
+        """The live process, or None when it is gone, a zombie, or its pid was reused."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > SAME_PROCESS_S:
+                return None
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except psutil.Error:
+            return None
+
+    def is_alive(self) -> bool:
+        return self.process() is not None
+
+
+@dataclass(frozen=True)
+class LauncherMark:
+    """What ``KOSMOSS_RUN_LAUNCHER`` carries into every process started for a run."""
+    run_id: str
+    launcher: ProcessId
+
+    def encode(self) -> str:
+        return f"{self.run_id}:{self.launcher.pid}:{self.launcher.create_time!r}"
+
+    @classmethod
+    def decode(cls, text: Optional[str]) -> Optional["LauncherMark"]:
+        try:
+            run_id, pid, create_time = (text or "").rsplit(":", 2)
+            return cls(run_id, ProcessId(int(pid), float(create_time)))
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This process's part in a run: what :func:`finish` updates."""
+    run_dir: Path
+    me: ProcessId
+    launcher: ProcessId
+    owns_run_file: bool
+    role: str
+    previous_env: Dict[str, Optional[str]]
+
+    @property
+    def record_path(self) -> Path:
+        return process_record_path(self.run_dir, self.me.pid)
+
+
+_current: Optional[Membership] = None
+_fork_hook_installed = False
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def process_record_path(run_dir: Path, pid: int, host: Optional[str] = None) -> Path:
+    # The host in the name: on a shared file system two nodes may reuse the same pid.
+    return Path(run_dir) / PROCESS_DIR / f"{host or hostname()}-{pid}.json"
+
+
+def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
+    """Record this process as part of the run in ``run_dir`` (called once per process, by
+    :func:`kosmoss.run.train.run`). ``kind`` is the topology's launcher (single, lightning,
+    simulate, simulated-node, torchrun, slurm, ...)."""
+    global _current
+    run_dir = Path(run_dir)
+    me = ProcessId.of(os.getpid())
+    inherited = LauncherMark.decode(os.environ.get(LAUNCHER_ENV))
+    if inherited and inherited.run_id == run_dir.name:  # kosmoss or Lightning started us
+        launcher, owner = inherited.launcher, False
+    elif kind in EXTERNAL_LAUNCHERS:
+        launcher, owner = _external_launcher(kind), False
+    else:  # the process the user started: it launches the run
+        launcher, owner = me, True
+    previous = {name: os.environ.get(name) for name in (RUN_ID_ENV, LAUNCHER_ENV)}
+    if previous[RUN_ID_ENV] == run_dir.name:  # set a moment ago by train._run_dir, not before
+        previous[RUN_ID_ENV] = None
+    if owner:
+        os.environ[RUN_ID_ENV] = run_dir.name
+        os.environ[LAUNCHER_ENV] = LauncherMark(run_dir.name, me).encode()
+    writes_run_file = global_rank == 0 and (owner or kind in EXTERNAL_LAUNCHERS)
+    membership = Membership(run_dir, me, launcher, owns_run_file=writes_run_file,
+                            role="launcher" if kind == "simulate" else "rank",
+                            previous_env=previous)
+    _write_json(membership.record_path, _process_record(membership, parent=_parent()))
+    if membership.owns_run_file:
+        _write_json(run_dir / RUN_FILE, {
+            "run_id": run_dir.name, "host": hostname(), "kind": kind,
+            "launcher": launcher.as_dict(), "master_port": _master_port(),
+            "started_at": time.time(), "updated_at": time.time(), "ended_at": None,
+            "state": RUNNING, "error": None,
+        })
+    _current = membership
+    _install_fork_hook()
+    return membership
+
+
+def finish(state: str, error: Optional[str] = None) -> None:
+    """This process's part of the run is over: update its record (and ``run.json`` where it
+    wrote it), and give the user's own process its environment back, so that what it starts
+    later is not taken for part of this run."""
+    global _current
+    membership, _current = _current, None
+    if membership is None:
+        return
+    now = time.time()
+    _update_json(membership.record_path, state=state, ended_at=now)
+    if membership.owns_run_file:
+        port = {"master_port": _master_port()} if _master_port() else {}  # known by now
+        _update_json(membership.run_dir / RUN_FILE, state=state, ended_at=now, updated_at=now,
+                     error=error, **port)
+    if membership.launcher == membership.me:
+        for name, value in membership.previous_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def tracked(run_function: Callable[..., dict]) -> Callable[..., dict]:
+    """Decorates :func:`kosmoss.run.train.run`: whatever way it ends, the records say so."""
+    @functools.wraps(run_function)
+    def run(*args, **kwargs) -> dict:
+        try:
+            result = run_function(*args, **kwargs)
+        except KeyboardInterrupt:
+            finish(STOPPED, "KeyboardInterrupt")
+            raise
+        except BaseException as err:
+            finish(FAILED, f"{type(err).__name__}: {err}"[:500])
+            raise
+        finish(STOPPED if result.get("stopped_by") else FINISHED)
+        return result
+    return run
+
+
+def current() -> Optional[Membership]:
+    return _current
+
+
+def read_run(run_dir: Path) -> Optional[dict]:
+    return _read_json(Path(run_dir) / RUN_FILE)
+
+
+def read_processes(run_dir: Path) -> List[dict]:
+    folder = Path(run_dir) / PROCESS_DIR
+    records = (_read_json(path) for path in sorted(folder.glob("*.json")))
+    return [record for record in records if record]
+
+
+def _process_record(membership: Membership, parent: Optional[ProcessId]) -> dict:
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT")
+    return {
+        "pid": membership.me.pid, "create_time": membership.me.create_time,
+        "run_id": membership.run_dir.name, "host": hostname(), "role": membership.role,
+        "launcher": membership.launcher.as_dict(), "parent": parent.as_dict() if parent else None,
+        "spawned": membership.launcher != membership.me,
+        # Ranks of one attempt: a torchrun restart or a Slurm requeue starts another.
+        "attempt": f"{membership.launcher.pid}@{membership.launcher.create_time!r}#{restarts or 0}",
+        "rank": _int_env("RANK", "SLURM_PROCID"), "local_rank": _int_env("LOCAL_RANK"),
+        "node_rank": _int_env("NODE_RANK", "GROUP_RANK"), "master_port": _master_port(),
+        "state": RUNNING, "started_at": time.time(), "ended_at": None,
+    }
+
+
+def _external_launcher(kind: str) -> ProcessId:
+    """The nearest ancestor that runs the launcher's program, else the parent."""
+    me = psutil.Process()
+    for proc in me.parents():
+        try:
+            if _runs_program(proc.cmdline(), LAUNCHER_PROGRAMS[kind]):
+                return ProcessId(proc.pid, proc.create_time())
+        except psutil.Error:
+            continue
+    return _parent() or ProcessId(me.pid, me.create_time())
+
+
+def _parent() -> Optional[ProcessId]:
+    try:  # pid 1 of a container has none
+        return ProcessId.of(os.getppid()) if os.getppid() > 0 else None
+    except psutil.Error:
+        return None
+
+
+def _runs_program(cmdline: List[str], names) -> bool:
+    # argv[0] (slurmstepd retitles itself "slurmstepd: [job.step]"), argv[1] for a Python
+    # script, or the module after `-m`.
+    programs = {os.path.basename(arg).split(":")[0] for arg in cmdline[:2]}
+    programs |= {cmdline[i + 1] for i, arg in enumerate(cmdline[:-1]) if arg == "-m"}
+    return bool(programs & set(names))
+
+
+def _install_fork_hook() -> None:
+    global _fork_hook_installed
+    if not _fork_hook_installed:  # hooks cannot be removed: one that reads _current
+        os.register_at_fork(after_in_child=_record_forked_child)
+        _fork_hook_installed = True
+
+
+def _record_forked_child() -> None:
+    """A data worker forked from a rank keeps the rank's exec-time environment, without the
+    marks: it records itself, so it is found if the rank dies and leaves it behind."""
+    global _current
+    parent = _current
+    if parent is None:
+        return
+    try:
+        child = replace(parent, me=ProcessId.of(os.getpid()), owns_run_file=False,
+                        role="worker", previous_env={})
+        _write_json(child.record_path, _process_record(child, parent=parent.me))
+        _current = child
+    except Exception:  # never break a data worker over its record
+        _current = None
+
+
+def _master_port() -> Optional[int]:
+    port = os.environ.get("MASTER_PORT")
+    return int(port) if port and port.isdigit() else None
+
+
+def _int_env(*names: str) -> Optional[int]:
+    value = next((os.environ[name] for name in names if name in os.environ), None)
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _update_json(path: Path, **changes) -> None:
+    data = _read_json(path)
+    if data is not None:
+        _write_json(path, {**data, **changes})
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

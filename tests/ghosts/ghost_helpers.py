@@ -1,0 +1,88 @@
+"""What the ghost tests share: starting processes in a test's KOSMOSS_HOME, waiting for
+them, and ending every one of them afterwards whatever happened."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List
+
+import psutil
+
+from helpers import REPO
+
+MARKED = Path(__file__).with_name("marked_process.py")
+CLEAN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT", "MASTER_ADDR",
+             "KOSMOSS_RUN_ID", "KOSMOSS_RUN_LAUNCHER", "KOSMOSS_SIMULATED_NODES")
+
+
+def start(args: List[str], home: Path, log: Path, **env) -> subprocess.Popen:
+    """A process as a user would start it, niced: these tests share two cores with others."""
+    environ = {**os.environ, "KOSMOSS_HOME": str(home), "PYTHONUNBUFFERED": "1", **env}
+    for name in CLEAN_ENV:
+        environ.pop(name, None)
+    return subprocess.Popen(args, cwd=REPO, env=environ, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10))
+
+
+def start_marked(run_dir: Path, home: Path, log: Path, *flags: str) -> subprocess.Popen:
+    return start([sys.executable, str(MARKED), str(run_dir), *flags], home, log)
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str, log: Path = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tail}")
+
+
+def processes_of(home: Path) -> List[psutil.Process]:
+    """Every live process started for this test's KOSMOSS_HOME (their environment says so)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("KOSMOSS_HOME") == str(home) and proc.pid != os.getpid():
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def end_all(home: Path, started: List[subprocess.Popen]) -> None:
+    """SIGKILL what the test started and everything running with its KOSMOSS_HOME."""
+    for proc in processes_of(home):
+        try:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        except psutil.Error:
+            pass
+    for popen in started:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait(timeout=10)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # As kosmoss.launch.check_master_port: TIME_WAIT is free, a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,40 @@
+"""A process that joins a kosmoss run the way ``kosmoss.run.train.run`` does
+(``kosmoss.records.start``), then sleeps: the record rules tested on real processes without
+the cost of importing torch. ``--spawn`` starts a second one the way Lightning starts rank 1
+(from ``os.environ``, which carries the marks); ``--fork-worker`` forks a child the way a
+DataLoader does; ``--finish STATE`` ends its part of the run and lives on (``--child-finish``:
+the spawned one does)."""
+import argparse
+import multiprocessing
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kosmoss import records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--kind", default="lightning")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--spawn", action="store_true")
+    parser.add_argument("--fork-worker", action="store_true")
+    parser.add_argument("--finish")
+    parser.add_argument("--child-finish")
+    args = parser.parse_args()
+    records.start(args.run_dir, kind=args.kind, global_rank=args.rank)
+    if args.spawn:
+        finish = ["--finish", args.child_finish] if args.child_finish else []
+        subprocess.Popen([sys.executable, __file__, str(args.run_dir), "--kind", args.kind,
+                          "--rank", "1", *finish])
+    if args.fork_worker:
+        multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,)).start()
+    if args.finish:
+        records.finish(args.finish)
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""``kosmoss ghosts`` on real training runs. Two 2-rank runs start side by side: SIGKILL the
+launcher of one and its ranks are listed with the right reason, then ``--kill`` ends them
+within 5 s and frees the port. Decoys are never listed as ghosts nor ended: a healthy run,
+a look-alike command line without the marks, and another user's process that carries a
+run's marks in its environment."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ghost_helpers import alive, end_all, port_is_free, processes_of, start, wait_until
+from helpers import RandomSource
+from kosmoss import cli, ghosts, records
+from kosmoss.data.store import prepare
+
+pytestmark = pytest.mark.slow
+LONG_RUN = ["--dataset", "random5", "--max-epochs", "100000", "--batch-size", "64",
+            "--num-workers", "0", "--no-progress"]
+KILL_WITHIN_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    """Run "sim": trainup_gpu.py with 2 simulated nodes (a parent starts the node processes);
+    run "lit": trainup_cpu.py with 2 processes (rank 0 starts rank 1); and the decoys."""
+    home = tmp_path_factory.mktemp("ghosts-home")
+    prepare(RandomSource(1024, levels=5), home / "data" / "random5", shard_size=256)
+    log = home / "log.txt"
+    started = []
+    try:
+        sim = start([sys.executable, "trainup_gpu.py", "--gpus", "1", "--num-nodes", "2",
+                     *LONG_RUN], home, log)
+        lit = start([sys.executable, "trainup_cpu.py", "--num-processes", "2", *LONG_RUN],
+                    home, log)
+        lookalike = start([sys.executable, "-c", "import time; time.sleep(300)", "trainup_cpu.py",
+                           "--num-processes", "2", *LONG_RUN], home, log)
+        started += [sim, lit, lookalike]
+        scene = {"home": home, "log": log, "sim": sim, "lit": lit, "lookalike": lookalike}
+        scene.update(_wait_for_ranks(home, sim, lit, log))
+        scene["nobody"] = _start_nobody(home, scene["sim_run"], sim, started, log)
+        yield scene
+    finally:
+        end_all(home, started)
+
+
+def _wait_for_ranks(home, sim, lit, log):
+    def ranks(launcher_pid, n):
+        for run_dir in (home / "runs").glob("*"):
+            found = [r for r in records.read_processes(run_dir) if r["role"] == "rank"
+                     and r["launcher"]["pid"] == launcher_pid]
+            if len(found) == n:
+                return run_dir.name, sorted(found, key=lambda r: r["pid"])
+        return None
+
+    sim_run, nodes = wait_until(lambda: ranks(sim.pid, 2), 150, "two node processes", log)
+    lit_run, lit_ranks = wait_until(lambda: ranks(lit.pid, 2), 150, "two Lightning ranks", log)
+    port = next(r["master_port"] for r in nodes)
+    # Node 0's rank 0 listens on MASTER_PORT once the process group is up: training started.
+    wait_until(lambda: not port_is_free(port), 150, f"MASTER_PORT {port} to be listened on", log)
+    return {"sim_run": sim_run, "nodes": [r["pid"] for r in nodes], "master_port": port,
+            "lit_run": lit_run, "lit_rank1": next(r["pid"] for r in lit_ranks if r["spawned"])}
+
+
+def _start_nobody(home, run_id, sim, started, log):
+    """A process of user nobody carrying run sim's marks (None where runuser is missing)."""
+    if os.getuid() != 0 or not shutil.which("runuser"):
+        return None
+    mark = records.LauncherMark(run_id, records.ProcessId.of(sim.pid)).encode()
+    started.append(start(["runuser", "-u", "nobody", "--", "env", f"KOSMOSS_HOME={home}",
+                          f"{records.RUN_ID_ENV}={run_id}", f"{records.LAUNCHER_ENV}={mark}",
+                          "sleep", "300"], home, log))
+    found = wait_until(lambda: [p for p in processes_of(home) if p.username() == "nobody"],
+                       10, "nobody's sleep")
+    return found[0].pid
+
+
+def _listed(home, monkeypatch, *args):
+    """The ghosts of kosmoss runs (on a GPU machine, the GPU's holders are listed too)."""
+    monkeypatch.setenv("KOSMOSS_HOME", str(home))
+    return [g for g in ghosts.find_ghosts(*args) if args or g.kind in ghosts.KOSMOSS_GHOSTS]
+
+
+def _decoys(scene):
+    pids = [scene["lookalike"].pid] + ([scene["nobody"]] if scene["nobody"] else [])
+    return pids
+
+
+def test_a_healthy_scene_has_no_ghost(scene, monkeypatch):
+    assert _listed(scene["home"], monkeypatch) == []
+    (holder,) = _listed(scene["home"], monkeypatch, scene["master_port"])
+    assert (holder.pid, holder.kind, holder.killable) == (scene["nodes"][0], "port", False)
+    assert holder.run_id == scene["sim_run"] and "running" in holder.reason
+
+
+def test_killed_launcher_of_simulated_nodes(scene, monkeypatch, capsys):
+    home, sim, nodes = scene["home"], scene["sim"], scene["nodes"]
+    sim.send_signal(signal.SIGKILL)
+    sim.wait()
+    listed = _listed(home, monkeypatch)
+    assert sorted(g.pid for g in listed) == nodes
+    for ghost in listed:
+        assert (ghost.kind, ghost.run_id, ghost.killable) == \
+            ("launcher-gone", scene["sim_run"], True)
+        assert f"pid {sim.pid}" in ghost.reason
+    assert scene["master_port"] in {p for g in listed for p in g.ports}
+    assert cli.main(["ghosts", "--json"]) == 0
+    as_json = [g for g in json.loads(capsys.readouterr().out) if g["kind"] != "gpu-memory"]
+    assert sorted((g["pid"], g["run_id"], g["kind"]) for g in as_json) == \
+        [(pid, scene["sim_run"], "launcher-gone") for pid in nodes]
+
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kosmoss.commands.ghosts", "--kill", "--grace",
+                           "2"], env={**os.environ, "KOSMOSS_HOME": str(home)},
+                          capture_output=True, text=True, timeout=60)
+    wait_until(lambda: not any(alive(pid) for pid in nodes), KILL_WITHIN_S, "the ghosts to end")
+    assert time.monotonic() - began < KILL_WITHIN_S, proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "ended 2 process(es)" in proc.stdout and str(scene["master_port"]) in proc.stdout
+    assert port_is_free(scene["master_port"])
+    for pid in [scene["lit"].pid, scene["lit_rank1"], *_decoys(scene)]:
+        assert alive(pid), f"pid {pid} was not a ghost but is gone"
+
+
+def test_killed_lightning_launcher_leaves_rank_1(scene, monkeypatch):
+    home, lit, rank1 = scene["home"], scene["lit"], scene["lit_rank1"]
+    # A stopped rank 1 stands for one blocked in a collective (NCCL waits for a dead peer
+    # until its timeout; gloo on CPU notices within seconds and the rank exits by itself).
+    os.kill(rank1, signal.SIGSTOP)
+    lit.send_signal(signal.SIGKILL)
+    lit.wait()
+    (ghost,) = _listed(home, monkeypatch)
+    assert (ghost.pid, ghost.kind, ghost.run_id) == (rank1, "launcher-gone", scene["lit_run"])
+    assert f"pid {lit.pid}" in ghost.reason and "lightning" in ghost.reason
+    began = time.monotonic()
+    assert cli.main(["ghosts", "--kill", "--grace", "1"]) == 0
+    assert time.monotonic() - began < KILL_WITHIN_S and not alive(rank1)
+    assert all(alive(pid) for pid in _decoys(scene))
+
+
+def test_a_foreign_process_is_ended_only_when_named(scene, monkeypatch, capsys):
+    monkeypatch.setenv("KOSMOSS_HOME", str(scene["home"]))
+    lookalike = scene["lookalike"].pid
+    assert cli.main(["ghosts", "--kill"]) == 0
+    assert alive(lookalike)
+    if scene["nobody"]:
+        assert cli.main(["ghosts", "--kill", "--pid", str(scene["nobody"])]) == 2
+        assert "owned by user nobody" in capsys.readouterr().err
+        assert alive(scene["nobody"])
+    assert cli.main(["ghosts", "--kill", "--pid", str(lookalike), "--json"]) == 0
+    (named,) = json.loads(capsys.readouterr().out)
+    assert (named["pid"], named["run_id"], named["kind"], named["ended"]) == \
+        (lookalike, None, "named", True)
+    scene["lookalike"].wait(timeout=5)
+    if scene["nobody"]:
+        assert alive(scene["nobody"])
