@@ -1,0 +1,202 @@
+"""What the bench holds kosmoss against, each run in a process of its own:
+
+- ``raw``: the limit. The training and validation splits already in memory as tensors
+  (on the GPU for a GPU row), then nothing but forward, backward and Adam: the same
+  model, batch, learning rate, threads, split and batch order as a kosmoss run, timed
+  the way :class:`kosmoss.run.callbacks.ThroughputMeter` times one (first step and
+  validation left out), validated after every epoch as kosmoss is;
+- ``loader-course``: the original course's loader, one memmap opened per sample;
+- ``loader-kosmoss``: :class:`FlattenedDataset`'s batched reads of the same batches.
+
+    python -m kosmoss.bench.baselines raw --dataset DIR --batch-size 256 --steps 100 --out r.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..cli_support import OneLineParser
+from ..data.loading import FlattenedDataset, RankBatchSampler, split_indices
+from ..data.store import PreparedDataset, open_dataset
+
+SPLITS = (0.8, 0.1, 0.1)  # kosmoss.run.train.SPLITS, without importing Lightning here
+WHAT = ("raw", "loader-course", "loader-kosmoss")
+LOADER_MIN_S = 1.0
+
+
+class PerSampleMemmapDataset(Dataset):
+    """The original course's loader: every sample opens its shard as a memmap."""
+
+    def __init__(self, prepared: PreparedDataset):
+        self.folder, self.shards = prepared.path, prepared.shards
+        self.offsets = np.cumsum([0] + [s.rows for s in self.shards])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index):
+        shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        row = index - self.offsets[shard]
+        x = np.load(self.folder / self.shards[shard].x_file, mmap_mode="r")[row]
+        y = np.load(self.folder / self.shards[shard].y_file, mmap_mode="r")[row]
+        return torch.tensor(x), torch.tensor(y)
+
+
+class StepClock:
+    """ThroughputMeter's rule outside Lightning: samples/s over every step but the first,
+    intervals that contain validation left out, CUDA synchronised where one starts or ends."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.samples, self.elapsed = device, 0, 0.0
+        self.first_step_unix: Optional[float] = None
+        self._last: Optional[float] = None
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def step_done(self, samples: int) -> None:
+        now = self._now() if self._last is None else time.perf_counter()
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
+        elif self._last is not None:
+            self.elapsed += now - self._last
+            self.samples += samples
+        self._last = now
+
+    def pause(self) -> None:
+        if self._last is not None and self.device.type == "cuda":
+            self.elapsed += self._now() - self._last
+        self._last = None
+
+    @property
+    def samples_per_s(self) -> Optional[float]:
+        return self.samples / self.elapsed if self.elapsed > 0 else None
+
+
+def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
+             bf16: bool, seed: int) -> dict:
+    """``steps`` timed steps after one warm-up step; returns the figures."""
+    from ..model import LitMLP
+    from ..run.config import RunConfig
+
+    defaults = RunConfig()
+    train_idx, val_idx, _ = split_indices(prepared.n_samples, SPLITS, seed)
+    data = FlattenedDataset(prepared)
+    x, y = (t.to(device) for t in data.read(train_idx))
+    val_x, val_y = (t.to(device) for t in data.read(val_idx))
+    torch.manual_seed(seed)
+    model = LitMLP(prepared.n_x, defaults.hidden, prepared.n_y, lr=defaults.lr,
+                   stats=prepared.statistics()).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=defaults.lr)
+    # Positions in x follow train_idx (sorted), so this is the batch order of a kosmoss run.
+    sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=seed)
+    clock, curve, step = StepClock(device), [], 0
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+    for epoch in range(steps + 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        # One copy of the epoch's indices to the device, not one per step.
+        order = torch.from_numpy(np.concatenate(batches)).to(device)
+        bounds = np.cumsum([0] + [len(b) for b in batches])
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            idx = order[lo:hi]
+            xb, yb = torch.index_select(x, 0, idx), torch.index_select(y, 0, idx)
+            with torch.autocast(**autocast):
+                loss = torch.nn.functional.mse_loss(model.net(model.normalize_x(xb)),
+                                                    model.normalize_y(yb))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            clock.step_done(int(hi - lo))
+            if step == steps + 1:
+                break
+        clock.pause()
+        curve.append(_validate(model, val_x, val_y, batch_size, autocast, step))
+        if step == steps + 1:
+            break
+    return {"samples_per_s": clock.samples_per_s, "first_step_unix": clock.first_step_unix,
+            "val_curve": curve, "val_loss": curve[-1]["val_loss"], "global_step": step}
+
+
+@torch.no_grad()
+def _validate(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, autocast: dict,
+              step: int) -> dict:
+    """Mean loss over the validation split, weighted by batch size as Lightning logs it."""
+    total = 0.0
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        with torch.autocast(**autocast):
+            prediction = model.net(model.normalize_x(xb))
+        loss = torch.nn.functional.mse_loss(prediction.float(), model.normalize_y(yb))
+        total += float(loss) * len(xb)
+    return {"step": step, "unix_time": time.time(), "val_loss": total / len(x)}
+
+
+def loader_rate(prepared: PreparedDataset, which: str, batch_size: int, batches: int,
+                seed: int) -> dict:
+    """Samples/s of one loader over the training split's shuffled batches, no training."""
+    train = split_indices(prepared.n_samples, SPLITS, seed)[0]
+    sampler = RankBatchSampler(train, batch_size, seed=seed)
+    if which == "loader-course":
+        order = np.concatenate(list(sampler)).tolist()
+        loader = DataLoader(PerSampleMemmapDataset(prepared), batch_size=batch_size, sampler=order)
+        batches = max(3, batches // 20)  # ~100x slower: fewer batches, the same rate
+    else:
+        loader = DataLoader(FlattenedDataset(prepared), sampler=sampler, batch_size=None)
+    batch_iter = (batch for _ in iter(int, 1) for batch in loader)  # epoch after epoch
+    next(batch_iter)  # warm-up: worker-free loaders still open files and fill caches
+    first_batch_unix, samples, done, start = time.time(), 0, 0, time.perf_counter()
+    # At least LOADER_MIN_S of reading: 30 fast batches are over in 40 ms, within the noise.
+    while done < batches or time.perf_counter() - start < LOADER_MIN_S:
+        samples += len(next(batch_iter)[0])
+        done += 1
+    rate = samples / (time.perf_counter() - start)
+    return {"samples_per_s": rate, "first_step_unix": first_batch_unix, "batches": done}
+
+
+def measure(what: str, dataset: Path, batch_size: int, steps: int, device: str, bf16: bool,
+            seed: int) -> dict:
+    from ..run.callbacks import peak_host_rss_mib
+
+    target = torch.device(device)
+    prepared = open_dataset(dataset, verify=False)
+    if what == "raw":
+        figures = raw_loop(prepared, batch_size, steps, target, bf16, seed)
+    else:
+        figures = loader_rate(prepared, what, batch_size, steps, seed)
+    gpu = torch.cuda.max_memory_allocated(target) / 2**20 if target.type == "cuda" else 0.0
+    return {**figures, "what": what, "device": device, "bf16": bf16, "batch_size": batch_size,
+            "torch_threads": torch.get_num_threads(), "peak_host_rss_mib": [peak_host_rss_mib()],
+            "peak_gpu_mib": [gpu]}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = OneLineParser(prog="python -m kosmoss.bench.baselines",
+                           description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=WHAT)
+    parser.add_argument("--dataset", type=Path, required=True, help="a prepared dataset folder")
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True, help="timed steps (or batches)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, required=True, help="write the figures here (JSON)")
+    args = parser.parse_args(argv)
+    figures = measure(args.what, args.dataset, args.batch_size, args.steps, args.device,
+                      args.bf16, args.seed)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The bench's arithmetic, on measurements already taken: medians over repeats, the ratio
+to the limit, scaling efficiency, time to the target loss, and the checks.
+
+- ratio: a row's samples/s ÷ its ``versus`` row's (the raw loop on the same device and
+  precision; for the batched loader, the course's loader); 1 for those references;
+- scaling efficiency of an N-rank row: its samples/s ÷ (N × its 1-rank row's);
+- target loss of a device (cpu, gpu): ``TARGET_MARGIN`` × the final validation loss of
+  that device's 1-process kosmoss row (median over repeats); time to target: wall time
+  from launching the row's command until a validation reports ``val_loss <= target``
+  (validation runs after every epoch), median over repeats.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from .setups import Setup
+
+TARGET_MARGIN = 1.05
+TARGET_REFERENCE = {"cpu": "kosmoss-cpu", "gpu": "kosmoss-gpu"}
+LARGE_PRESET_SAMPLES = 1_048_576
+
+
+def median(values: Iterable[Optional[float]]) -> Optional[float]:
+    """Median of the values that exist; None when none does."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def scaling_efficiency(samples_per_s: Optional[float], ranks: int,
+                       single_samples_per_s: Optional[float]) -> Optional[float]:
+    """N ranks that scaled perfectly would do N times the 1-rank throughput."""
+    if single_samples_per_s is None:
+        return None
+    return ratio(samples_per_s, ranks * single_samples_per_s)
+
+
+def time_to_target(curve: Sequence[dict], target: Optional[float]) -> Optional[float]:
+    """Seconds since launch of the first validation with ``val_loss <= target``."""
+    if target is None:
+        return None
+    return next((p["t_s"] for p in sorted(curve, key=lambda p: p["t_s"])
+                 if p["val_loss"] <= target), None)
+
+
+def summarize(measurements: List[dict]) -> dict:
+    """Medians over the repeats that succeeded; memory peaks are the highest seen."""
+    ok = [m for m in measurements if not m.get("error")]
+
+    def med(key: str) -> Optional[float]:
+        return median(m.get(key) for m in ok)
+
+    def peak(key: str) -> Optional[float]:
+        values = [m[key] for m in ok if m.get(key) is not None]
+        return max(values) if values else None
+
+    return {"samples_per_s": med("samples_per_s"),
+            "time_to_first_step_s": med("time_to_first_step_s"),
+            "val_loss": med("val_loss"),
+            "peak_host_mib": peak("peak_host_mib"), "peak_gpu_mib": peak("peak_gpu_mib")}
+
+
+def targets(rows: Dict[str, dict]) -> Dict[str, dict]:
+    """The target loss of each device whose 1-process kosmoss row was measured."""
+    found = {}
+    for device, reference in TARGET_REFERENCE.items():
+        loss = rows.get(reference, {}).get("val_loss")
+        if loss is not None:
+            found[device] = {"reference": reference, "reference_val_loss": loss,
+                             "val_loss": TARGET_MARGIN * loss}
+    return found
+
+
+def complete(setups: Sequence[Setup], rows: Dict[str, dict]) -> Dict[str, dict]:
+    """Add ratio, efficiency and time to target to each measured row (in place); returns
+    the targets used."""
+    goals = targets(rows)
+    for setup in setups:
+        row = rows.get(setup.id)
+        if row is None or row["status"] != "measured":
+            continue
+        versus = rows.get(setup.versus or "", {})
+        single = rows.get(setup.single or "", {})
+        # A row with nothing to be divided by is the reference itself (a limit, the course).
+        row["ratio"] = ratio(row["samples_per_s"], versus.get("samples_per_s")) \
+            if setup.versus else 1.0
+        row["scaling_efficiency"] = scaling_efficiency(
+            row["samples_per_s"], setup.ranks, single.get("samples_per_s"))
+        if setup.trains:
+            row.update(_target_figures(row["repeats"], goals.get(setup.device, {}).get("val_loss")))
+    return goals
+
+
+def _target_figures(repeats: List[dict], goal: Optional[float]) -> dict:
+    times = [time_to_target(m.get("val_curve", []), goal) for m in repeats if not m.get("error")]
+    reached = [t for t in times if t is not None]
+    # A repeat that never reached it counts as infinitely slow in the median.
+    middle = median([math.inf if t is None else t for t in times])
+    return {"time_to_target_s": None if middle in (None, math.inf) else middle,
+            "target_reached": None if goal is None else f"{len(reached)}/{len(times)}"}
+
+
+def _row_figure(rows: Dict[str, dict], row_id: str, key: str) -> Optional[float]:
+    row = rows.get(row_id)
+    return row.get(key) if row and row.get("status") == "measured" else None
+
+
+def _ddp_loss_ratio(rows: Dict[str, dict]) -> Optional[float]:
+    return ratio(_row_figure(rows, "ddp-cpu-2", "val_loss"),
+                 _row_figure(rows, "kosmoss-cpu", "val_loss"))
+
+
+class Check(NamedTuple):
+    name: str
+    target: str
+    figure: Callable[[Dict[str, dict]], Optional[float]]
+    passes: Callable[[float], bool]
+    needs: Tuple[str, ...]  # the rows the figure comes from
+    large_only: bool = False  # judged on the large preset only
+
+
+CHECKS: List[Check] = [
+    Check("kosmoss on 1 CPU process ÷ raw CPU loop", ">= 0.90",
+          lambda rows: _row_figure(rows, "kosmoss-cpu", "ratio"), lambda v: v >= 0.90,
+          ("kosmoss-cpu", "raw-cpu")),
+    Check("batched loader ÷ the course's per-sample loader", ">= 50",
+          lambda rows: _row_figure(rows, "loader-kosmoss", "ratio"), lambda v: v >= 50,
+          ("loader-kosmoss", "loader-course")),
+    Check("2-rank CPU DDP val_loss ÷ 1-rank val_loss, equal global batch", "1 ± 0.05",
+          _ddp_loss_ratio, lambda v: abs(v - 1) <= 0.05, ("ddp-cpu-2", "kosmoss-cpu")),
+    Check("kosmoss on 1 GPU ÷ raw GPU loop (GPU-resident data)", ">= 0.80",
+          lambda rows: _row_figure(rows, "kosmoss-gpu", "ratio"), lambda v: v >= 0.80,
+          ("kosmoss-gpu", "raw-gpu")),
+    Check("kosmoss bf16 on 1 GPU, large preset: samples/s", ">= 2,000,000",
+          lambda rows: _row_figure(rows, "kosmoss-gpu-bf16", "samples_per_s"),
+          lambda v: v >= 2_000_000, ("kosmoss-gpu-bf16",), large_only=True),
+]
+
+
+def checks(rows: Dict[str, dict], n_samples: int) -> List[dict]:
+    """The figures the project aims for, each judged when its rows were measured."""
+    found = []
+    for check in CHECKS:
+        value = check.figure(rows)
+        note = None
+        if value is None:
+            missing = [r for r in check.needs if rows.get(r, {}).get("status") != "measured"]
+            note = "not measured: " + ", ".join(
+                f"{r} {rows[r]['status'] if r in rows else 'not selected'}" for r in missing)
+        elif check.large_only and n_samples != LARGE_PRESET_SAMPLES:
+            note = f"judged on the large preset only (this dataset: {n_samples:,} samples)"
+        passed = None if note else bool(check.passes(value))
+        found.append({"name": check.name, "value": value, "target": check.target,
+                      "passed": passed, "note": note})
+    return found
+
+
+def build_row(setup: Setup, batch_size: int, measurements: List[dict],
+              skipped: Optional[str] = None) -> dict:
+    """One row of bench.json: what it is, its status, its repeats and their medians."""
+    row = {"id": setup.id, "label": setup.label, "kind": setup.kind, "device": setup.device,
+           "ranks": setup.ranks, "precision": "bf16-mixed" if setup.bf16 else "32-true",
+           "batch_size": batch_size, "versus": setup.versus, "single": setup.single}
+    errors = [m["error"] for m in measurements if m.get("error")]
+    if skipped:
+        return {**row, "status": "skipped", "reason": skipped, "repeats": []}
+    if errors:
+        return {**row, "status": "failed", "reason": errors[0], "repeats": measurements}
+    return {**row, "status": "measured", "reason": None, "repeats": measurements,
+            **summarize(measurements)}
+

@@ -1,0 +1,159 @@
+"""What the bench leaves behind: a rich table, and bench.json, bench.csv, bench.png in its
+output folder."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from rich.console import Group
+from rich.table import Table
+
+from .figures import TARGET_MARGIN
+
+OUTPUTS = ("bench.json", "bench.csv", "bench.png")
+CSV_COLUMNS = ("id", "label", "status", "reason", "device", "ranks", "precision", "batch_size",
+               "samples_per_s", "ratio", "versus", "scaling_efficiency", "time_to_first_step_s",
+               "time_to_target_s", "target_reached", "val_loss", "peak_host_mib", "peak_gpu_mib")
+
+
+def _number(value: Optional[float], style: str = "{:,.0f}") -> str:
+    return "" if value is None else style.format(value)
+
+
+def _verdict(passed: Optional[bool]) -> str:
+    return {True: "[green]reached[/]", False: "[red]not reached[/]", None: "[dim]n/a[/]"}[passed]
+
+
+def table(bench: dict) -> Group:
+    """The measured rows, then what was skipped or failed and why, then the checks."""
+    plan = bench["plan"]
+    rows = Table(title=f"kosmoss bench: {plan['dataset_name']} ({plan['n_samples']:,} samples), "
+                       f"{plan['steps']} timed steps after 1 warm-up, median of {plan['repeats']}",
+                 caption=_caption(bench), caption_justify="left")
+    for name in ("set-up", "ranks", "batch", "samples/s", "ratio", "vs", "eff.", "1st step s",
+                 "target s", "val_loss", "host MiB", "GPU MiB"):
+        rows.add_column(name, justify="left" if name in ("set-up", "vs") else "right")
+    for row in bench["rows"]:
+        if row["status"] != "measured":
+            continue
+        rows.add_row(
+            row["id"], str(row["ranks"]), str(row["batch_size"]),
+            _number(row["samples_per_s"]), _number(row.get("ratio"), "{:.2f}"),
+            row["versus"] or "", _number(row.get("scaling_efficiency"), "{:.2f}"),
+            _number(row["time_to_first_step_s"], "{:.1f}"),
+            _number(row.get("time_to_target_s"), "{:.1f}"),
+            _number(row["val_loss"], "{:.4f}"), _number(row["peak_host_mib"]),
+            _number(row["peak_gpu_mib"]),
+        )
+    parts: list = [rows]
+    others = [r for r in bench["rows"] if r["status"] != "measured"]
+    if others:
+        missing = Table(title="not measured", show_header=False, title_justify="left")
+        for row in others:
+            missing.add_row(row["id"], row["status"], row["reason"])
+        parts.append(missing)
+    judged = Table(title="checks", title_justify="left")
+    for name in ("check", "value", "target", "result"):
+        judged.add_column(name, justify="left" if name in ("check", "result") else "right")
+    for check in bench["checks"]:
+        value = check["value"]
+        shown = "" if value is None else f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+        judged.add_row(check["name"], shown, check["target"],
+                       _verdict(check["passed"]) + (f" ({check['note']})" if check["note"] else ""))
+    parts.append(judged)
+    return Group(*parts)
+
+
+def _caption(bench: dict) -> str:
+    goals = "; ".join(f"{device}: {t['val_loss']:.4g} ({TARGET_MARGIN} × {t['reference']})"
+                      for device, t in bench["targets"].items())
+    goals = goals or "none (no 1-process kosmoss row)"
+    return ("ratio: samples/s ÷ the vs row's. eff.: samples/s ÷ (ranks × the 1-rank row's). "
+            "1st step / target s: seconds from launch to the end of the first training step / "
+            f"to a validation with val_loss <= the target ({goals}). "
+            "MiB: peak per rank.")
+
+
+def _write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through a temporary file: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(bench: dict, path: Path) -> None:
+    _write(path, lambda tmp: tmp.write_text(json.dumps(bench, indent=2) + "\n"))
+
+
+def csv_text(bench: dict) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in bench["rows"]:
+        writer.writerow({key: row.get(key) for key in CSV_COLUMNS})
+    return buffer.getvalue()
+
+
+def write_csv(bench: dict, path: Path) -> None:
+    _write(path, lambda tmp: tmp.write_text(csv_text(bench)))
+
+
+def write_png(bench: dict, path: Path) -> None:
+    """Throughput of every measured row (log scale), and ratio to the limit and scaling
+    efficiency of the training rows."""
+    # The object API with the Agg canvas: no pyplot, no global backend switched for the caller.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    measured = [r for r in bench["rows"] if r["status"] == "measured" and r["samples_per_s"]]
+    training = [r for r in measured if r["kind"] != "loader"]
+    figure = Figure(figsize=(12, 1.6 + 0.45 * max(len(measured), 3)), layout="constrained")
+    FigureCanvasAgg(figure)
+    speed, share = figure.subplots(1, 2)
+    _bars(speed, [r["id"] for r in measured], [r["samples_per_s"] for r in measured], "C0")
+    speed.set_xscale("log")
+    speed.set_xlabel("samples/s (median, log scale)")
+    speed.set_title("throughput")
+    _grouped(share, training)
+    plan = bench["plan"]
+    skipped = [r["id"] for r in bench["rows"] if r["status"] != "measured"]
+    figure.suptitle(f"kosmoss bench, {bench['date'][:10]}: {plan['dataset_name']}, "
+                    f"{bench['machine']['cpu']['cores_available']} CPU cores, "
+                    f"{len(bench['machine']['gpus'])} GPU(s)"
+                    + (f"; not measured: {', '.join(skipped)}" if skipped else ""), fontsize=10)
+    _write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+
+
+def _bars(axes, labels: List[str], values: List[float], color: str) -> None:
+    positions = range(len(labels))
+    axes.barh(list(positions), values, color=color)
+    axes.set_yticks(list(positions), labels)
+    axes.invert_yaxis()
+
+
+def _grouped(axes, rows: List[dict]) -> None:
+    labels = [r["id"] for r in rows]
+    positions = list(range(len(labels)))
+    ratios = [r.get("ratio") or 0.0 for r in rows]
+    efficiency = [r.get("scaling_efficiency") or 0.0 for r in rows]
+    axes.barh([p - 0.2 for p in positions], ratios, height=0.4, color="C1", label="÷ the limit")
+    axes.barh([p + 0.2 for p in positions], efficiency, height=0.4, color="C2",
+              label="scaling efficiency")
+    axes.axvline(1.0, color="grey", linewidth=0.8)
+    axes.set_yticks(positions, labels)
+    axes.invert_yaxis()
+    axes.set_xlabel("ratio")
+    axes.set_title("ratio to the limit, scaling efficiency")
+    axes.legend(loc="lower right", fontsize=8)
+
+
+def write_all(bench: dict, out_dir: Path) -> List[Path]:
+    paths = [out_dir / name for name in OUTPUTS]
+    write_json(bench, paths[0])
+    write_csv(bench, paths[1])
+    write_png(bench, paths[2])
+    return paths

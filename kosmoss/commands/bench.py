@@ -1,0 +1,234 @@
+"""``kosmoss bench``: what does scaling buy here? Set-ups measured side by side.
+
+    kosmoss bench --quick                      # a few minutes on a 2-core laptop
+    kosmoss bench                              # the full matrix (GPU rows where there is one)
+    kosmoss bench --only raw-cpu kosmoss-cpu --repeats 3 --out /tmp/bench
+    kosmoss bench --list                       # the set-ups, and why one would be skipped
+
+Writes bench.json, bench.csv and bench.png into --out (default: a new folder under
+$KOSMOSS_HOME/runs/), each row's result JSON under rows/, its output under logs/ and its
+run directory under runs/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from ..cli_support import command_main
+from ..errors import RunFailed, UsageError
+
+HELP = ("measure set-ups side by side: the raw PyTorch loop (the limit), 1 process, DDP, "
+        "simulated nodes, the loaders, and GPU, bf16 and Horovod where present")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Defaults of --quick and of the full matrix (each flag may override them)."""
+
+    dataset: Optional[str]  # None: small, or large where there is a GPU
+    batch_size: int
+    gpu_batch_size: int
+    steps: int
+    repeats: int
+    timeout_s: float
+
+
+QUICK = Mode("tiny", 256, 512, 30, 2, 300.0)
+FULL = Mode(None, 1024, 16384, 200, 5, 1800.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--quick", action="store_true",
+        help=f"dataset {QUICK.dataset}, {QUICK.steps} steps, {QUICK.repeats} repeats: under 3 "
+             "minutes on 2 CPU cores (default: the full matrix, for GPU machines)")
+    add("--out", type=Path, default=None, metavar="DIR",
+        help="write bench.json/.csv/.png here: a new or empty folder, or an earlier bench's "
+             "(default: a new folder under $KOSMOSS_HOME/runs)")
+    add("--json", action="store_true", help="print bench.json to stdout instead of the table")
+    add("--list", action="store_true",
+        help="list the set-ups and why any would be skipped; run none")
+    add("--only", nargs="+", metavar="ID", default=None, help="run only these set-ups (see --list)")
+    add("--dataset", default=None, metavar="NAME|PATH",
+        help="preset (tiny, small, large; prepared on first use), dataset name or folder "
+             f"(default: {QUICK.dataset} with --quick; else small, or large with a GPU)")
+    add("--steps", type=int, default=None, metavar="N",
+        help=f"timed steps per run, after one warm-up step (default {QUICK.steps} with --quick, "
+             f"else {FULL.steps})")
+    add("--repeats", type=int, default=None, metavar="N",
+        help=f"runs per set-up; medians are reported (default {QUICK.repeats} with --quick, "
+             f"else {FULL.repeats})")
+    add("--batch-size", type=int, default=None, metavar="N",
+        help=f"global batch of the CPU rows and loaders (default {QUICK.batch_size} with --quick, "
+             f"else {FULL.batch_size})")
+    add("--gpu-batch-size", type=int, default=None, metavar="N",
+        help=f"global batch of the GPU rows (default {QUICK.gpu_batch_size} with --quick, else "
+             f"{FULL.gpu_batch_size})")
+    parser.set_defaults(command=bench_command)
+
+
+def register(subparsers) -> None:
+    add_arguments(subparsers.add_parser("bench", help=HELP, description=HELP))
+
+
+def bench_command(args: argparse.Namespace) -> None:
+    from ..bench import setups as matrix
+
+    chosen = selected(args.only)
+    _check_counts(args)
+    if args.list:
+        show_list(chosen, matrix.probe(chosen))
+        return
+    out_dir = output_folder(args.out)
+    _run(args, chosen, out_dir)
+
+
+def _run(args, chosen, out_dir: Path) -> None:
+    from .. import environment
+    from ..bench import report
+    from ..bench.runner import assemble, run_matrix
+
+    progress = Console(stderr=True, highlight=False)
+
+    def echo(message: str) -> None:
+        progress.print(message, markup=False)
+
+    plan, machine = make_plan(args, chosen, echo)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    echo(f"kosmoss bench: {len(chosen)} set-up(s), dataset {plan.dataset}, {plan.repeats} "
+         f"repeat(s) of {plan.steps} timed steps; output in {out_dir}")
+    rows = run_matrix(chosen, plan, machine, out_dir, echo)
+    bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick)
+    written = report.write_all(bench, out_dir)
+    if args.json:
+        print(json.dumps(bench, indent=2))
+    else:
+        _console().print(report.table(bench))
+    echo("wrote " + ", ".join(str(path) for path in written))
+    failed = [row["id"] for row in bench["rows"] if row["status"] == "failed"]
+    if failed:
+        raise RunFailed(f"set-up(s) {', '.join(failed)} failed (reasons in {written[0]}, "
+                        f"output in {out_dir / 'logs'}); the other rows were measured")
+
+
+def make_plan(args: argparse.Namespace, chosen, echo):
+    """The dataset (a preset is prepared on first use), the counts, and this machine;
+    a batch that cannot run is a UsageError here, before anything is written."""
+    import torch
+
+    from ..bench.setups import Plan, probe
+    from ..data import presets
+
+    mode = QUICK if args.quick else FULL
+    spec = args.dataset or mode.dataset or ("large" if torch.cuda.is_available() else "small")
+    prepared = presets.resolve(spec, log=echo, verify=False)
+    machine = probe(chosen)
+    plan = Plan(
+        dataset=prepared.path.resolve(), n_samples=prepared.n_samples,
+        n_train=len(_train_split(prepared.n_samples)),
+        bytes_per_sample=4 * (prepared.n_x + prepared.n_y),
+        batch_size=_pick(args.batch_size, mode.batch_size),
+        gpu_batch_size=_pick(args.gpu_batch_size, mode.gpu_batch_size),
+        steps=_pick(args.steps, mode.steps), repeats=_pick(args.repeats, mode.repeats),
+        timeout_s=mode.timeout_s,
+    )
+    check_batches(plan, chosen, gpu_rows_run=machine.cuda, dataset=spec)
+    return plan, machine
+
+
+def _pick(value: Optional[int], default: int) -> int:
+    return default if value is None else value
+
+
+def _train_split(n_samples: int):
+    from ..bench.baselines import SPLITS
+    from ..data.loading import split_indices
+
+    return split_indices(n_samples, SPLITS, seed=0)[0]  # its size does not depend on the seed
+
+
+def selected(only: Optional[List[str]]):
+    """The set-ups named by --only (in the matrix's order), or all of them."""
+    from ..bench.setups import BY_ID, MATRIX
+
+    if only is None:
+        return list(MATRIX)
+    unknown = [name for name in only if name not in BY_ID]
+    if unknown:
+        raise UsageError(f"--only {' '.join(unknown)}: no such set-up; choose from "
+                         f"{', '.join(BY_ID)} (see --list)")
+    return [setup for setup in MATRIX if setup.id in only]
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats),
+                        ("--batch-size", args.batch_size),
+                        ("--gpu-batch-size", args.gpu_batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: must be >= 1")
+
+
+def check_batches(plan, chosen, *, gpu_rows_run: bool, dataset: str) -> None:
+    """Each global batch must split evenly over its rows' ranks and fit the training split."""
+    for device, flag, batch in (("cpu", "--batch-size", plan.batch_size),
+                                ("gpu", "--gpu-batch-size", plan.gpu_batch_size)):
+        rows = [s for s in chosen if s.device == device and (device == "cpu" or gpu_rows_run)]
+        for setup in rows:
+            if batch % setup.ranks:
+                raise UsageError(f"{flag} {batch}: must divide by {setup.ranks}, the ranks of "
+                                 f"{setup.id}")
+        if rows and batch > plan.n_train:
+            raise UsageError(f"{flag} {batch} is larger than the {plan.n_train:,} training "
+                             f"samples of dataset {dataset}: use a smaller batch or a larger "
+                             "--dataset")
+
+
+def output_folder(out: Optional[Path]) -> Path:
+    """Where to write; checked before anything runs. Nothing of the user's is overwritten:
+    an existing folder must be empty or an earlier bench's."""
+    from .. import paths
+
+    if out is None:
+        return paths.runs_root() / f"bench-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+    out = out.expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder (new, empty, or an earlier "
+                         "bench's)")
+    if out.is_dir() and any(out.iterdir()) and not (out / "bench.json").is_file():
+        raise UsageError(f"--out {out}: not empty and holds no bench.json; give a new or empty "
+                         "folder, or an earlier bench's")
+    return out
+
+
+def show_list(chosen, machine) -> None:
+    from ..bench.setups import skip_reason
+
+    table = Table(title="kosmoss bench set-ups")
+    for name in ("id", "set-up", "here"):
+        table.add_column(name)
+    for setup in chosen:
+        reason = skip_reason(setup, machine, None)
+        table.add_row(setup.id, setup.label, f"skipped: {reason}" if reason else "runs")
+    _console().print(table)
+
+
+def _console() -> Console:
+    # Piped (a notebook, a log file), rich would squeeze 12 columns into 80 characters.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def main(argv=None) -> int:
+    return command_main("kosmoss bench", HELP, add_arguments, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
