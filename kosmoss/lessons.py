@@ -1,0 +1,176 @@
+"""The course: where its lessons ship, copying them into a working folder, and the two
+helpers the lessons share (finding a launcher script, running a command visibly).
+
+The lessons are jupytext ``py:percent`` files in the repository's ``notebooks/``. A
+checkout (editable install) uses them in place; ``pip install .`` installs them, with the
+launcher scripts they run, under ``<prefix>/share/kosmoss/lessons`` (setuptools
+``data-files``, the way Jupyter ships kernelspecs), found through the installed files'
+record or the install scheme's data folder. Copying never replaces a file the learner
+changed: a manifest keeps the checksum of every file written, and only files still equal
+to what was written are updated.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from .errors import UsageError
+
+LESSON_GLOB = "[0-9][0-9]_*.py"
+SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
+SHARE = ("share", "kosmoss", "lessons")
+MANIFEST = ".kosmoss-lessons.json"
+
+
+def source_root() -> Path:
+    """The folder holding ``notebooks/`` and the scripts: the checkout kosmoss was imported
+    from, else the installed copy."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "notebooks").is_dir():
+        return checkout
+    installed = _installed_root()
+    if installed is None:
+        raise UsageError("the lessons are not installed with this kosmoss: reinstall it "
+                         "(pip install kosmoss) or run from a kosmoss checkout")
+    return installed
+
+
+def _installed_root() -> Optional[Path]:
+    return next((folder for folder in _install_candidates()
+                 if (folder / SCRIPTS[0]).is_file()), None)
+
+
+def _install_candidates() -> Iterator[Path]:
+    """Where ``pip install`` may have put ``share/kosmoss/lessons``: the installed files'
+    record, then the data folders of the install schemes, then beside the package
+    (``pip install --target``, whose record points elsewhere)."""
+    try:
+        files = importlib.metadata.distribution("kosmoss").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        # RECORD paths of data-files are relative to site-packages ("../../../share/...").
+        if tuple(file.parts[-4:]) == SHARE + (SCRIPTS[0],):
+            yield Path(file.locate()).resolve().parent
+    yield Path(sysconfig.get_path("data")).joinpath(*SHARE)
+    yield Path(sysconfig.get_path("data", f"{os.name}_user")).joinpath(*SHARE)
+    yield Path(__file__).resolve().parent.parent.joinpath(*SHARE)
+
+
+def lesson_sources(root: Optional[Path] = None) -> List[Path]:
+    return sorted(((root or source_root()) / "notebooks").glob(LESSON_GLOB))
+
+
+def script(name: str) -> Path:
+    """A launcher script (``trainup_cpu.py``, ...): the learner's copy in the working folder
+    if there is one, else the one that ships with kosmoss."""
+    here = Path(name)
+    return here.resolve() if here.is_file() else source_root() / name
+
+
+def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
+       check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command as a learner would type it: print it, stream its output, and raise
+    (with the exit code) if it fails, so a lesson never goes on past a broken step."""
+    shown = ["python" if a == sys.executable else str(a) for a in args]
+    print("$ " + " ".join(shown), flush=True)
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", flush=True)
+        proc.wait()
+    except BaseException:  # the learner interrupted the cell: do not leave the run behind
+        proc.terminate()
+        proc.wait()
+        raise
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(shown)}` exited with code {proc.returncode}")
+    return subprocess.CompletedProcess(shown, proc.returncode, "".join(lines), "")
+
+
+# ---------------------------------------------------------------- copying
+
+
+@dataclass(frozen=True)
+class Copied:
+    name: str  # path inside the working folder
+    status: str  # written | updated | unchanged | kept (the learner changed it)
+
+
+def bundle(root: Path, notebook_converter=None) -> Dict[str, bytes]:
+    """Every file of the working folder and its content: the lessons as ``.py`` (and
+    ``.ipynb`` when ``notebook_converter`` is given) and the scripts they run."""
+    files = {}
+    for lesson in lesson_sources(root):
+        files[lesson.name] = lesson.read_bytes()
+        if notebook_converter is not None:
+            files[lesson.with_suffix(".ipynb").name] = notebook_converter(lesson)
+    for name in SCRIPTS:
+        files[name] = (root / name).read_bytes()
+    return files
+
+
+def to_ipynb(lesson: Path) -> bytes:
+    import jupytext
+
+    notebook = jupytext.read(lesson)
+    for index, cell in enumerate(notebook.cells):
+        # nbformat draws random cell ids: fixed ones make the same lesson the same file.
+        cell.id = f"cell-{index:03d}"
+    return jupytext.writes(notebook, fmt="ipynb").encode()
+
+
+def copy_lessons(dest: Path, files: Dict[str, bytes]) -> List[Copied]:
+    """Write ``files`` into ``dest``; a file that differs from what kosmoss last wrote
+    there was changed by the learner and is kept as it is."""
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"--dest {dest}: is a file; give a folder for the lessons")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--dest {dest}: cannot create it ({err.strerror}); give another "
+                         "folder") from None
+    written = _read_manifest(dest)
+    report = []
+    for name, content in files.items():
+        target = dest / name
+        status = _status(target, content, written.get(name))
+        if status in ("written", "updated"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        if status != "kept":
+            written[name] = _sha256(content)
+        report.append(Copied(name, status))
+    (dest / MANIFEST).write_text(json.dumps({"files": written}, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def _status(target: Path, content: bytes, written_sha: Optional[str]) -> str:
+    if not target.exists():
+        return "written"
+    current = _sha256(target.read_bytes())
+    if current == _sha256(content):
+        return "unchanged"
+    return "updated" if current == written_sha else "kept"
+
+
+def _read_manifest(dest: Path) -> Dict[str, str]:
+    try:
+        return dict(json.loads((dest / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # no manifest: every existing file counts as the learner's
+
+
+def _sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()

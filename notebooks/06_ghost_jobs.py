@@ -1,0 +1,237 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 6 — Ghost jobs
+#
+# **What you will learn**
+#
+# - what a *ghost* is: a process of a run that has no run left to serve, still holding
+#   memory, cores and the rendezvous port;
+# - how to make one on purpose (kill a launcher), and find it with `kosmoss ghosts`;
+# - how to end it with `kosmoss ghosts --kill`, and see the port and the memory come back;
+# - the in-process case: a notebook kernel that keeps GPU memory, and
+#   `kosmoss.release_memory()`;
+# - nvitop, to see who holds a GPU.
+#
+# Time: ~20 min
+
+# %% [markdown]
+# ## Why ghosts happen
+#
+# A distributed run is several processes. If the one that started the others dies
+# without ending them — `kill -9`, the out-of-memory killer, a closed terminal, a
+# notebook kernel restarted mid-run — the others may live on. They hold GPU memory, the
+# cores, and `MASTER_PORT`: the next run fails with "Address already in use", or finds no
+# GPU memory left. The original course's advice was to find the pid in nvitop and
+# `kill` it by hand (and its notebook shipped a `kill 99999999` that failed).
+#
+# kosmoss marks every process of a run (in its environment and in a record under the
+# run folder) so that `kosmoss ghosts` can tell a ghost from a healthy run, and from a
+# process that merely looks like one.
+
+# %%
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+import kosmoss
+from kosmoss.ghosts import KOSMOSS_GHOSTS, find_ghosts, port_is_free
+from kosmoss.launch import free_port
+from kosmoss.lessons import script, sh
+
+scratch = Path(tempfile.mkdtemp(prefix="lesson06-"))
+
+
+def running(pid):
+    """Alive and not a zombie (a dead child nobody has reaped yet)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def tree_rss(pids):
+    """Resident memory of these processes and their descendants, in MB."""
+    total = 0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            total += sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            pass
+    return total / 1e6
+
+# %% [markdown]
+# ## Make a ghost on purpose
+#
+# We start a long two-node run, simulated on this machine (lesson 7): a parent process
+# starts one process per node, and node 0 listens on `MASTER_PORT`. We choose the port
+# ourselves so that we can watch it. Once training runs, we kill the **parent** with
+# `SIGKILL`, as the out-of-memory killer would: it gets no chance to end its nodes.
+
+# %%
+port = free_port()
+log = open(scratch / "run.log", "w")
+launcher = subprocess.Popen(
+    [sys.executable, str(script("trainup_gpu.py")), "--gpus", "1", "--num-nodes", "2",
+     "--dataset", "tiny", "--batch-size", "64", "--max-epochs", "100000",
+     "--max-steps", "10000", "--no-progress"],  # a step limit, in case a cell below fails
+    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MASTER_PORT": str(port)})
+deadline = time.monotonic() + 240
+while port_is_free(port):  # node 0 listens on the port once the process group is up
+    if launcher.poll() is not None or time.monotonic() > deadline:
+        raise RuntimeError(f"the run did not start: {(scratch / 'run.log').read_text()[-3000:]}")
+    time.sleep(0.5)
+nodes = [child.pid for child in psutil.Process(launcher.pid).children()]
+print(f"launcher pid {launcher.pid}, node processes {nodes}, MASTER_PORT {port} in use: "
+      f"{not port_is_free(port)}")
+memory_before = psutil.virtual_memory().available
+launcher.kill()  # SIGKILL: the launcher cannot clean up
+launcher.wait()
+time.sleep(2)
+alive = [pid for pid in nodes if running(pid)]
+print(f"launcher killed; node processes still alive: {alive}, holding "
+      f"{tree_rss(alive):.0f} MB; port {port} still in use: {not port_is_free(port)}")
+
+# %% [markdown]
+# The nodes do not know their parent is gone: they still talk to each other over the
+# port, and keep training — for nobody, since the parent that would have collected the
+# results is dead.
+#
+# ## Find it: `kosmoss ghosts`
+#
+# Without options, `kosmoss ghosts` is a dry run: it lists what is a ghost and why, and
+# who holds GPU memory. `--port` narrows the list to who listens on a port.
+
+# %%
+sh([sys.executable, "-m", "kosmoss", "ghosts"])
+sh([sys.executable, "-m", "kosmoss", "ghosts", "--port", str(port)]);
+
+# %% [markdown]
+# For scripts, `--json` gives one object per process; in Python,
+# `kosmoss.ghosts.find_ghosts()` returns the same as objects.
+
+# %%
+listed = json.loads(subprocess.run([sys.executable, "-m", "kosmoss", "ghosts", "--json"],
+                                   capture_output=True, text=True, check=True).stdout)
+for ghost in listed:
+    print(f"pid {ghost['pid']}: run {ghost['run_id']}, kind {ghost['kind']}, "
+          f"killable {ghost['killable']}\n    {ghost['reason']}")
+ghost_pids = sorted(g["pid"] for g in listed if g["kind"] in KOSMOSS_GHOSTS)
+print(f"\nthe ghosts are the node processes we left: {ghost_pids == sorted(alive)}")
+
+# %% [markdown]
+# ## End it: `kosmoss ghosts --kill`
+#
+# `--kill` ends the ghosts of your own kosmoss runs, each with its process tree: `SIGTERM`
+# first — a kosmoss rank then stops at the end of its step and saves a checkpoint, so
+# `--resume` could continue it — then, after `--grace` seconds, `SIGKILL` for what is
+# left. It never touches another user's process, nor a process without kosmoss's marks
+# unless you name it with `--pid`.
+
+# %%
+sh([sys.executable, "-m", "kosmoss", "ghosts", "--kill", "--grace", "5"])
+time.sleep(1)
+memory_after = psutil.virtual_memory().available
+print(f"node processes alive: {[pid for pid in nodes if running(pid)]}")
+print(f"port {port} free again: {port_is_free(port)}")
+print(f"available memory: {memory_before / 1e6:,.0f} MB with the ghosts, "
+      f"{memory_after / 1e6:,.0f} MB after (other programs move this number too)")
+print(f"ghosts left: {[g.pid for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]}")
+
+# %% [markdown]
+# ## The in-process case: a kernel that keeps GPU memory
+#
+# A notebook that trained on a GPU keeps its tensors while anything refers to them —
+# a `model` or `trainer` variable, IPython's output history — and PyTorch's caching
+# allocator keeps freed blocks reserved for reuse, so nvitop shows the memory as used
+# either way. There is no ghost process to end: the kernel itself holds it.
+# `kosmoss.release_memory()` runs the garbage collector, hands the cached blocks back to
+# the driver, and says how much is still allocated (then `del` what refers to it).
+
+# %%
+import torch
+
+if torch.cuda.is_available():
+    big = torch.empty(256 * 2**20, dtype=torch.float32, device="cuda")  # 1 GiB
+    del big  # unreferenced, but still reserved by PyTorch's cache
+    print(f"reserved after del: {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
+freed = kosmoss.release_memory()
+print(freed)
+if not freed["cuda"]:
+    print("no CUDA in this kernel: nothing to hand back. On a GPU, this cell reserves 1 GiB, "
+          "drops it, and release_memory() reports it freed (cuda_freed) with nothing still "
+          "allocated.")
+
+# %% [markdown]
+# ## nvitop: who holds the GPU
+#
+# `nvitop` is a live monitor of the GPUs and their processes (like `nvidia-smi`, with
+# each process's user, command line and memory); `nvitop --once` prints one snapshot.
+# kosmoss uses its Python API (`nvitop.Device`) for `kosmoss env` and for the GPU side of
+# `kosmoss ghosts`.
+
+# %%
+from kosmoss.environment import gpus
+
+if gpus():
+    sh(["nvitop", "--once"])
+    from nvitop import Device
+
+    for device in Device.all():
+        for pid, process in device.processes().items():
+            print(f"GPU {device.index}: pid {pid} {process.username()} "
+                  f"{process.gpu_memory_human()} {' '.join(process.command().split()[:3])}")
+else:
+    print("no NVIDIA GPU (NVML finds none): `nvitop --once` would print each GPU's use and "
+          "the processes holding its memory; `kosmoss ghosts` would list those as gpu-memory.")
+
+# %% [markdown]
+# ## With a GPU
+#
+# The same steps, and more to see: the ghost nodes would each hold GPU memory, listed by
+# `kosmoss ghosts` with the bytes; `--kill` reports the GPU memory freed; nvitop shows the
+# processes disappear; `release_memory()` hands back the cached gigabyte.
+#
+# ## Exercises
+#
+# 1. Make a ghost of a different kind: start `trainup_cpu.py --num-processes 2` (Lightning
+#    starts rank 1 from rank 0) and kill rank 0. What does `kosmoss ghosts` say, and what
+#    happens to rank 1 if you wait a while?
+# 2. Start a process that listens on a port (for example
+#    `python -m http.server 8765`) and run `kosmoss ghosts --port 8765` then
+#    `kosmoss ghosts --kill --port 8765`. Why is it not ended? How do you end it?
+# 3. Why does `kosmoss ghosts --kill` send `SIGTERM` first instead of `SIGKILL` straight away?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# # 1. rank 1 is listed as launcher-gone (its launcher, rank 0, is dead). On CPU, gloo
+# #    notices the dead peer within seconds and rank 1 exits by itself; on GPUs NCCL may
+# #    wait until its timeout (minutes), holding the GPU all that time.
+# # 2. It is not a kosmoss process (no marks), so it is listed as a port holder and not
+# #    killable; name it: kosmoss ghosts --kill --port 8765 --pid <its pid>.
+# server = subprocess.Popen([sys.executable, "-m", "http.server", "8765"])
+# time.sleep(2)
+# sh([sys.executable, "-m", "kosmoss", "ghosts", "--kill", "--port", "8765", "--pid", str(server.pid)])
+# # 3. A kosmoss rank that gets SIGTERM stops at the end of its step and writes
+# #    checkpoints/preempted.ckpt: the work is kept and --resume continues it.
+# ```
+#
+# </details>

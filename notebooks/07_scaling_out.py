@@ -1,0 +1,289 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 7 — Scaling out: several nodes, torchrun, Slurm, Horovod
+#
+# **What you will learn**
+#
+# - the names of a multi-node job: global rank, local rank, node rank, world size, and
+#   the rendezvous that brings the ranks together;
+# - how to run a two-node job on one machine (`trainup_gpu.py --num-nodes 2`), and why
+#   starting Lightning once with two nodes hangs;
+# - torchrun as a launcher, and how kosmoss defers to it;
+# - Slurm: the batch script, the signal before the time limit, requeue and resume;
+# - Horovod: `horovodrun`, and how it differs from DDP.
+#
+# Time: ~35 min
+
+# %%
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kosmoss.launch import free_port
+from kosmoss.lessons import script, sh
+
+scratch = Path(tempfile.mkdtemp(prefix="lesson07-"))
+
+
+def clean_env(**extra):
+    """This kernel's environment without the variables of an earlier launch."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "RANK",
+                        "WORLD_SIZE", "KOSMOSS_RUN_ID")}
+    return {**env, **{k: str(v) for k, v in extra.items()}}
+
+
+def trained(out):
+    return json.loads(Path(out).read_text())
+
+# %% [markdown]
+# ## Ranks, nodes and the rendezvous
+#
+# A job runs `nodes × processes per node` ranks. Each process knows:
+#
+# - its **global rank** (`RANK`), unique in the job; rank 0 usually prints and writes;
+# - its **local rank** (`LOCAL_RANK`), unique on its node: it picks the GPU;
+# - its **node rank** (`NODE_RANK`, `GROUP_RANK` under torchrun);
+# - the **world size** (`WORLD_SIZE`), the number of ranks.
+#
+# To find each other, the ranks meet at a **rendezvous**: one address and port
+# (`MASTER_ADDR`, `MASTER_PORT`) where rank 0's node keeps a small key-value store.
+# Every rank connects there, says who it is, and learns the others' addresses; then the
+# process group (gloo or NCCL) is built. Nobody starts until all of the world has
+# arrived.
+#
+# Let us watch it with torchrun, PyTorch's launcher, starting *two nodes on this one
+# machine*: two torchrun agents, `--node-rank 0` and `--node-rank 1`, meeting at the same
+# address and port, one process each. The probe script prints what each rank is told.
+
+# %%
+probe = scratch / "probe.py"
+probe.write_text(
+    "import os, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "names = ('RANK', 'LOCAL_RANK', 'GROUP_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')\n"
+    "print(' '.join(f'{n}={os.environ[n]}' for n in names), flush=True)\n"
+    "dist.destroy_process_group()\n")
+port = free_port()
+agents = [subprocess.Popen(
+    [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+     "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), probe],
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
+    for node in (0, 1)]
+for node, agent in enumerate(agents):
+    output, _ = agent.communicate(timeout=120)
+    lines = [line for line in output.splitlines() if line.startswith("RANK=")]
+    print(f"node {node}: {lines[0] if lines else output[-2000:]}")
+    if agent.returncode != 0:
+        raise RuntimeError(f"torchrun node {node} exited with {agent.returncode}")
+
+# %% [markdown]
+# ## Two nodes on one machine with kosmoss
+#
+# Lightning builds the world from the same variables. Here is the trap the original
+# course fell into: starting a script **once** with `num_nodes=2` makes that process node
+# 0, and it waits at the rendezvous for node 1 — forever, since nobody starts node 1
+# (its log stops at `MEMBER 1/2`). Each node needs its own process with its own
+# `NODE_RANK`, and the same `MASTER_ADDR` and `MASTER_PORT`.
+#
+# Without a cluster around it, `trainup_gpu.py --num-nodes 2` does exactly that on this
+# host: it starts one node process per node and waits for both (and ends the other if
+# one fails). Without a GPU it trains on CPU, with a warning.
+
+# %%
+out = scratch / "two-nodes.json"
+sh([sys.executable, script("trainup_gpu.py"), "--strategy", "ddp", "--gpus", "1",
+    "--num-nodes", "2", "--dataset", "tiny", "--batch-size", "128", "--max-epochs", "1",
+    "--no-progress", "--result-json", out], env=clean_env())
+two_nodes = trained(out)
+print({k: two_nodes[k] for k in ("num_nodes", "devices_per_node", "world_size", "backend",
+                                 "replicas_identical")})
+
+# %% [markdown]
+# ## torchrun
+#
+# On a real cluster without Slurm, you start one torchrun agent per node; torchrun
+# starts the local ranks, restarts them on failure if asked, and sets the variables.
+# `--standalone` is the one-node shortcut (its own rendezvous on a free port). Under
+# torchrun, kosmoss never starts processes itself: the world size is torchrun's, and a
+# flag that contradicts it is a one-line error.
+
+# %%
+out = scratch / "torchrun.json"
+sh([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    script("trainup_cpu.py"), "--dataset", "tiny", "--batch-size", "128", "--max-epochs", "1",
+    "--no-progress", "--result-json", out], env=clean_env())
+under_torchrun = trained(out)
+print({k: under_torchrun[k] for k in ("launcher", "world_size", "backend", "replicas_identical")})
+
+# %% [markdown]
+# ## Slurm: batch script, signals, requeue and resume
+#
+# On an HPC cluster, Slurm allocates the nodes and `srun` starts one task per rank;
+# Lightning reads the `SLURM_*` variables (its `SLURMEnvironment`) and kosmoss takes the
+# world size from the allocation. The template below is what you submit with
+# `sbatch slurm/submit.sbatch --dataset small`. Note the last `#SBATCH` lines: Slurm
+# sends `SIGUSR1` some time before the time limit, and the job may be requeued.
+
+# %%
+print(script("slurm/submit.sbatch").read_text())
+
+# %% [markdown]
+# On that signal (or `SIGTERM`, from `scancel` or a preemption) every rank stops at the
+# **same** step — the ranks agree on it through an all-reduce — writes
+# `checkpoints/preempted.ckpt`, and the job exits cleanly. Under Slurm the job is then
+# requeued, keeps its job id and so its run folder, and resumes from that checkpoint by
+# itself. Elsewhere, `--resume <run id>` does the same. We can try that part on this
+# machine: start two ranks, send `SIGUSR1` to the launching process once training has
+# started, then resume.
+
+# %%
+command = [sys.executable, str(script("trainup_cpu.py")), "--num-processes", "2",
+           "--dataset", "tiny", "--batch-size", "64", "--max-epochs", "100000",
+           "--no-progress", "--result-json", str(scratch / "stopped.json")]
+print("$ " + " ".join(["python"] + command[1:]))
+run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=clean_env())
+for line in run.stdout:  # wait until both ranks have joined, then let them train a little
+    print(line, end="")
+    if "Starting with 2 processes" in line:
+        time.sleep(3)
+        print(f"--- sending SIGUSR1 to pid {run.pid}")
+        run.send_signal(signal.SIGUSR1)
+        break
+print(run.communicate(timeout=180)[0])
+stopped = trained(scratch / "stopped.json")
+print(f"exit code {run.returncode}; stopped by {stopped['stopped_by']} at step "
+      f"{stopped['global_step']}; checkpoint: "
+      f"{(Path(stopped['run_dir']) / 'checkpoints' / 'preempted.ckpt').is_file()}")
+
+# %%
+target = stopped["global_step"] + 20
+sh([sys.executable, script("trainup_cpu.py"), "--num-processes", "2", "--dataset", "tiny",
+    "--batch-size", "64", "--max-epochs", "100000", "--max-steps", str(target), "--no-progress",
+    "--resume", stopped["run_id"], "--result-json", scratch / "resumed.json"], env=clean_env())
+resumed = trained(scratch / "resumed.json")
+print(f"resumed from step {resumed['resumed_from_step']} in the same folder "
+      f"({resumed['run_dir'] == stopped['run_dir']}), finished at step {resumed['global_step']}, "
+      f"test loss {resumed['test_loss']:.4f}")
+
+# %% [markdown]
+# Now the real Slurm, if this machine has one that answers (`sinfo`). Without one, the
+# cell says so and what it would show.
+
+# %%
+sinfo = shutil.which("sinfo") and subprocess.run(["sinfo", "-h", "-o", "%P %a %D %T"],
+                                                 capture_output=True, text=True, timeout=30)
+if not sinfo or sinfo.returncode != 0:
+    why = "Slurm is not installed" if not sinfo else "sinfo does not answer (no controller)"
+    print(f"{why}: on a cluster, `sbatch --wait slurm/submit.sbatch --dataset tiny --max-epochs 1`\n"
+          "would queue the job, srun would start 2 tasks on one node, and the run folder\n"
+          "$KOSMOSS_HOME/runs/slurm-<job id>/ would hold result.json with launcher 'slurm'\n"
+          "and world_size 2; kosmoss-<job id>.out would hold what this notebook prints above.")
+else:
+    print("partitions:", sinfo.stdout.strip())
+    job = subprocess.run(["sbatch", "--parsable", "--wait", "--time=00:10:00",
+                          str(script("slurm/submit.sbatch")), "--dataset", "tiny",
+                          "--max-epochs", "1", "--no-progress"],
+                         capture_output=True, text=True, timeout=600,
+                         env=clean_env(KOSMOSS_PYTHON=sys.executable))
+    job_id = job.stdout.strip().split(";")[0]
+    print(f"sbatch exit code {job.returncode}, job {job_id}")
+    slurm_result = Path(os.environ.get("KOSMOSS_HOME", Path.home() / ".kosmoss")) / "runs" / \
+        f"slurm-{job_id}" / "result.json"
+    if slurm_result.is_file():
+        print({k: trained(slurm_result)[k] for k in ("launcher", "world_size", "test_loss")})
+    else:
+        print(f"no {slurm_result}; the job's log: kosmoss-{job_id}.out")
+
+# %% [markdown]
+# ## Horovod
+#
+# Horovod, from Uber, was the other way to do data parallelism before DDP matured, and
+# the original course used it. The idea is the same — one process per device, averaged
+# gradients — with three differences:
+#
+# - **its own runtime and launcher**: `horovodrun` (or `mpirun`) starts the ranks;
+#   Horovod's background thread negotiates which tensors are ready on every rank and
+#   all-reduces them with MPI, gloo or NCCL;
+# - **an optimizer wrapper**, `hvd.DistributedOptimizer`, instead of a model wrapper:
+#   gradients are all-reduced as they are produced, and `hvd.broadcast_parameters` makes
+#   the replicas identical at the start;
+# - **framework-agnostic**: the same runtime serves TensorFlow, PyTorch and MXNet.
+#
+# Lightning 2 dropped its Horovod strategy, so kosmoss carries its own
+# (`kosmoss/engines/horovod.py`), with the same flags and the same `result.json`.
+# Horovod's last release does not build against today's torch out of the box;
+# `scripts/install_horovod.sh` (in the repository) builds it.
+
+# %%
+hvd_problem = None
+if importlib.util.find_spec("horovod") is None:
+    hvd_problem = "Horovod is not installed (see docs/horovod.md: bash scripts/install_horovod.sh)"
+elif not shutil.which("horovodrun"):
+    hvd_problem = "horovodrun is not on the PATH"
+horovod_command = ["horovodrun", "-np", "2", "--gloo", sys.executable,
+                   str(script("trainup_gpu.py")), "--strategy", "horovod", "--dataset", "tiny",
+                   "--batch-size", "128", "--max-epochs", "1", "--no-progress",
+                   "--result-json", str(scratch / "horovod.json")]
+if hvd_problem:
+    print(f"{hvd_problem}.\nWith it, this cell would run\n  "
+          + " ".join(["horovodrun"] + horovod_command[1:4] + ["python"] + horovod_command[5:])
+          + "\nand show a result.json with strategy 'horovod', world_size 2 and identical "
+          "replica checksums, like the DDP runs above.")
+else:
+    sh(horovod_command, env=clean_env())
+    hvd_run = trained(scratch / "horovod.json")
+    print({k: hvd_run[k] for k in ("strategy", "launcher", "world_size", "replicas_identical",
+                                   "test_loss")})
+
+# %% [markdown]
+# ## With a GPU
+#
+# On GPU nodes the same commands use NCCL and one GPU per local rank:
+# `trainup_gpu.py --gpus N --num-nodes K` (simulated here, or one command per node with
+# `NODE_RANK` set on a cluster), `torchrun --nproc-per-node N trainup_gpu.py`, and in
+# the Slurm template uncomment `--gpus-per-node` and make `--ntasks-per-node` match it.
+# Horovod built with NCCL (the install script does it when it finds `nvcc`) all-reduces
+# on the GPUs. The `trainup_gpu.py` cells above already use the GPUs when this machine
+# has any; without one, each printed the warning that it fell back to CPU.
+#
+# ## Exercises
+#
+# 1. Start the torchrun probe with `--nproc-per-node 2` on each of the two nodes. Which
+#    global ranks does node 1 get, and which local ranks?
+# 2. Why does `trainup_gpu.py --num-nodes 2` refuse `--batch-size 130` with `--gpus 2`?
+# 3. Send `SIGTERM` instead of `SIGUSR1` in the stop-and-resume cell. What is different
+#    in `result.json`, and what would be different under Slurm?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# # 1. node 1 gets global ranks 2 and 3 (node_rank * nproc_per_node + local_rank), local
+# #    ranks 0 and 1; the world size is 4.
+# # 2. the world is 2 nodes x 2 processes = 4 ranks, and 130 is not a multiple of 4:
+# sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--num-nodes", "2",
+#     "--batch-size", "130", "--dataset", "tiny"], check=False)  # exit code 2, one line
+# # 3. stopped_by is "SIGTERM". Under Slurm, SIGTERM (scancel, preemption) does not requeue
+# #    the job: only SIGUSR1, "time is nearly up", does.
+# ```
+#
+# </details>
