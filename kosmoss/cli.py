@@ -5,9 +5,9 @@ import sys
 
 from . import __version__
 from .cli_support import OneLineParser, run_command
-from .commands import data, env, train
+from .commands import bench, data, env, ghosts, lessons, train
 
-COMMANDS = (data, train, env)
+COMMANDS = (data, train, bench, ghosts, env, lessons)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 
 

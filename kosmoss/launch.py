@@ -5,7 +5,8 @@
   on this host (NODE_RANK 0..K-1, one MASTER_ADDR/MASTER_PORT), because Lightning started
   once with ``num_nodes=2`` waits forever for node 1;
 - torchrun or srun already started us: never spawn again; the topology comes from their
-  variables (Lightning's TorchElasticEnvironment and SLURMEnvironment do the rest).
+  variables (Lightning's TorchElasticEnvironment and SLURMEnvironment do the rest);
+- horovodrun started us (``--strategy horovod``): the same, from its HOROVOD_* variables.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
+from .cpus import cores_per_process
 from .environment import detect_launcher
 from .errors import UsageError
 
@@ -31,7 +33,7 @@ STOP_GRACE_S = 10.0
 class Topology:
     num_nodes: int
     devices_per_node: int
-    launcher: str  # single | lightning | simulate | simulated-node | torchrun | slurm
+    launcher: str  # single | lightning | simulate | simulated-node | torchrun | slurm | horovodrun
     node_rank: int = 0
 
     @property
@@ -44,12 +46,16 @@ class Topology:
             return int(os.environ.get("RANK", 0))
         if self.launcher == "slurm":
             return int(os.environ.get("SLURM_PROCID", 0))
+        if self.launcher == "horovodrun":
+            return int(os.environ.get("HOROVOD_RANK", 0))
         return self.node_rank * self.devices_per_node + int(os.environ.get("LOCAL_RANK", 0))
 
 
 def resolve(num_processes: Optional[int], num_nodes: Optional[int],
-            process_flag: str = "--num-processes") -> Topology:
+            process_flag: str = "--num-processes", strategy: str = "ddp") -> Topology:
     """The topology from the flags (None: not given) and the environment we run in."""
+    if strategy == "horovod" or detect_launcher() == "horovodrun":
+        return _from_horovod(num_processes, num_nodes, process_flag, strategy)
     if os.environ.get(SIMULATED_NODE_ENV):
         return Topology(int(os.environ[SIMULATED_NODE_ENV]), num_processes or 1,
                         "simulated-node", node_rank=int(os.environ["NODE_RANK"]))
@@ -74,6 +80,35 @@ def _from_torchrun(num_processes, num_nodes, process_flag) -> Topology:
         raise UsageError(f"--num-nodes {num_nodes} contradicts torchrun's --nnodes {nodes}: "
                          "drop the flag, torchrun decides")
     return Topology(nodes, local, "torchrun", node_rank=int(os.environ.get("GROUP_RANK", 0)))
+
+
+def _from_horovod(num_processes, num_nodes, process_flag, strategy) -> Topology:
+    """horovodrun starts every rank itself; without it, Horovod runs one process."""
+    if detect_launcher() != "horovodrun":
+        ranks = (num_processes or 1) * (num_nodes or 1)
+        if ranks > 1:
+            raise UsageError(f"--strategy horovod with {ranks} processes: horovodrun starts "
+                             f"Horovod's ranks, so drop {process_flag}/--num-nodes and run "
+                             f"`horovodrun -np {ranks} --gloo python trainup_gpu.py --strategy "
+                             "horovod ...`")
+        return Topology(1, 1, "single")
+    if strategy != "horovod":
+        raise UsageError(f"horovodrun started this process but the strategy is {strategy}: "
+                         "run `trainup_gpu.py --strategy horovod` (DDP would train each rank "
+                         "alone)")
+    local = int(os.environ["HOROVOD_LOCAL_SIZE"])
+    nodes = int(os.environ["HOROVOD_CROSS_SIZE"])
+    if local * nodes != int(os.environ["HOROVOD_SIZE"]):  # the batch split assumes it
+        raise UsageError(f"horovodrun started {os.environ['HOROVOD_SIZE']} ranks unevenly over "
+                         f"{nodes} host(s): give every host the same slots (-H host1:N,host2:N)")
+    if num_processes is not None and num_processes != local:
+        raise UsageError(f"{process_flag} {num_processes} contradicts horovodrun's {local} "
+                         "rank(s) on this host: drop the flag, horovodrun -np/-H decide")
+    if num_nodes is not None and num_nodes != nodes:
+        raise UsageError(f"--num-nodes {num_nodes} contradicts horovodrun's {nodes} host(s): "
+                         "drop the flag, horovodrun -H decides")
+    return Topology(nodes, local, "horovodrun",
+                    node_rank=int(os.environ.get("HOROVOD_CROSS_RANK", 0)))
 
 
 def _from_slurm(num_processes, num_nodes, process_flag) -> Topology:
@@ -117,16 +152,21 @@ def check_master_port(topology: Topology) -> None:
 
 
 def port_holder(port: int) -> str:
-    for conn in psutil.net_connections(kind="inet"):
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
-            if conn.pid is None:
-                break
-            try:
-                command = " ".join(psutil.Process(conn.pid).cmdline())
-            except psutil.Error:
-                command = "?"
-            return f"held by pid {conn.pid} ({command[:80]})"
-    return "held by a process this user cannot see"
+    pid = next(iter(port_holders(port)), None)
+    if pid is None:
+        return "held by a process this user cannot see"
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        command = "?"
+    return f"held by pid {pid} ({command[:80]})"
+
+
+def port_holders(port: int) -> List[Optional[int]]:
+    """Every process listening on this TCP port (a socket forked into data workers is held
+    by each); None for one this user cannot see."""
+    return [conn.pid for conn in psutil.net_connections(kind="inet")
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN]
 
 
 def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
@@ -139,6 +179,9 @@ def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
          f"{topology.devices_per_node} rank(s) each")
     base = {**os.environ, **extra_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             SIMULATED_NODE_ENV: str(topology.num_nodes)}
+    # Lightning sizes torch threads by the ranks *it* starts (1 per node here): all the
+    # nodes share this host's cores, so each rank gets its share (as torchrun does).
+    base.setdefault("OMP_NUM_THREADS", str(cores_per_process(topology.world_size)))
     nodes = [subprocess.Popen(_own_command(), env={**base, "NODE_RANK": str(rank)},
                               start_new_session=True)
              for rank in range(topology.num_nodes)]

@@ -100,6 +100,7 @@ def test_a_dead_node_ends_the_whole_run(shared_home):
     (["--gpu-ids", "1,1"], "--gpu-ids 1,1"),
     (["--gpu-ids", "a,b"], "--gpu-ids"),
     (["--strategy", "fsdp"], "--strategy"),
+    (["--precision", "16"], "--precision"),
     (["--batch-size", "255", "--gpus", "1", "--num-nodes", "2"], "--batch-size 255"),
 ])
 def test_bad_input_is_one_line_exit_2(args, names, shared_home):
@@ -151,3 +152,14 @@ def test_a_dead_rank_ends_a_single_node_run(shared_home):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_bf16_mixed_runs_on_cpu_too(shared_home, tmp_path):
+    out = tmp_path / "result.json"
+    proc = run_script(["trainup_gpu.py", *TINY, "--max-steps", "8", "--precision", "bf16-mixed",
+                       "--result-json", str(out)], shared_home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["precision"], result["accelerator"]) == ("bf16-mixed", "cpu")
+    assert result["gpu_memory_fraction"] is None and result["test_loss"] is not None

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from .loading import FlattenedDataset, RankBatchSampler, split_indices
@@ -55,9 +56,13 @@ class FlattenedDataModule(pl.LightningDataModule):
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.data is None:
-            self.data = FlattenedDataset(open_dataset(self.dataset_path, verify=False), self.mode)
+            self.data = FlattenedDataset(open_dataset(self.dataset_path, verify=False), self.mode,
+                                         device=self._device())
             parts = split_indices(len(self.data), self.splits, self.seed)
             self.indices = dict(zip(STAGES, parts))
+
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
 
     def _rank_and_world(self) -> tuple:
         trainer = self.trainer
@@ -70,8 +75,12 @@ class FlattenedDataModule(pl.LightningDataModule):
             shuffle=stage == "train", seed=self.seed,
         )
         # batch_size=None: the sampler yields whole batches and the dataset reads them at once.
-        options = dict(sampler=sampler, batch_size=None, num_workers=self.num_workers,
-                       persistent_workers=self.num_workers > 0)
+        # Data on the device is gathered there, in this process; host batches bound for a
+        # GPU go through pinned memory (asynchronous copies).
+        workers = 0 if self.mode == "device" else self.num_workers
+        options = dict(sampler=sampler, batch_size=None, num_workers=workers,
+                       persistent_workers=workers > 0,
+                       pin_memory=self._device().type == "cuda" and self.mode != "device")
         if stage == "train":
             return ResumableLoader(self.data, batches_done=self._train_batches_done, **options)
         return DataLoader(self.data, **options)

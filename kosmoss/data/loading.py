@@ -14,25 +14,28 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from . import MODES  # re-exported: the modes FlattenedDataset takes
 from .store import PreparedDataset, open_dataset
-
-MODES = ("efficient", "controlled")
 
 
 class FlattenedDataset(Dataset):
     """Rows of a prepared dataset. ``mode='efficient'`` memory-maps the shards (the page
-    cache is shared by every rank); ``mode='controlled'`` copies them into RAM.
+    cache is shared by every rank); ``mode='controlled'`` copies them into RAM;
+    ``mode='device'`` copies them to ``device`` (a GPU: batches never cross PCIe; on CPU
+    the same as controlled).
 
     ``dataset[i]`` gives one sample; ``dataset[[i, j, ...]]`` gives a whole batch, which is
     how :class:`FlattenedDataModule` reads.
     """
 
-    def __init__(self, dataset: PreparedDataset | str | Path, mode: str = "efficient"):
+    def __init__(self, dataset: PreparedDataset | str | Path, mode: str = "efficient",
+                 device: torch.device | str = "cpu"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not isinstance(dataset, PreparedDataset):
             dataset = open_dataset(Path(dataset), verify=False)
         self.prepared, self.mode = dataset, mode
+        self.device = torch.device(device if mode == "device" else "cpu")
         self.offsets = np.cumsum([0] + [s.rows for s in dataset.shards])
         self._open_shards()
 
@@ -44,7 +47,8 @@ class FlattenedDataset(Dataset):
     def _open(self, file: Path) -> torch.Tensor:
         # Copy-on-write mapping: writable for torch.from_numpy, yet never written to disk.
         # torch's index_select gathers rows about 5x faster than np.take on 2 cores.
-        return torch.from_numpy(np.load(file, mmap_mode="c" if self.mode == "efficient" else None))
+        array = torch.from_numpy(np.load(file, mmap_mode="c" if self.mode == "efficient" else None))
+        return array.to(self.device)
 
     def __getstate__(self) -> dict:
         # A pickled memmap becomes a full in-memory copy: data workers re-open the files.
@@ -75,16 +79,17 @@ class FlattenedDataset(Dataset):
         # Sorted reads walk each memmap forwards and land in one contiguous slice per shard.
         order = np.argsort(indices, kind="stable")
         sorted_idx = indices[order]
-        x = torch.empty((len(indices), self._x[0].shape[1]), dtype=torch.float32)
-        y = torch.empty((len(indices), self._y[0].shape[1]), dtype=torch.float32)
+        new = dict(dtype=torch.float32, device=self.device)
+        x = torch.empty((len(indices), self._x[0].shape[1]), **new)
+        y = torch.empty((len(indices), self._y[0].shape[1]), **new)
         bounds = np.searchsorted(sorted_idx, self.offsets)
         for shard, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             if hi > lo:
-                local = torch.from_numpy(sorted_idx[lo:hi] - self.offsets[shard])
+                local = torch.from_numpy(sorted_idx[lo:hi] - self.offsets[shard]).to(self.device)
                 torch.index_select(self._x[shard], 0, local, out=x[lo:hi])
                 torch.index_select(self._y[shard], 0, local, out=y[lo:hi])
         if not (order[1:] > order[:-1]).all():  # put rows back in the order asked for
-            back = torch.from_numpy(np.argsort(order))
+            back = torch.from_numpy(np.argsort(order)).to(self.device)
             x, y = x[back], y[back]
         return x, y
 

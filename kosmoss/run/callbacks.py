@@ -1,10 +1,13 @@
-"""Callbacks that measure a run: steady-state throughput and replica agreement."""
+"""Callbacks that measure a run: steady-state throughput (with the times, losses and memory
+peaks `kosmoss bench` reads) and replica agreement."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from typing import List, Optional
 
+import psutil
 import pytorch_lightning as pl
 import torch
 
@@ -12,18 +15,24 @@ from ..devices import Sharing, apply_sharing, to_numpy
 
 
 class ThroughputMeter(pl.Callback):
-    """Training samples per second over the whole world, in steady state.
+    """Training samples per second over the whole world, in steady state; when each
+    validation ended and its loss (time to a target loss); peak memory of every rank.
 
     Lightning's ThroughputMonitor logs windowed per-step values to the loggers; a run
     summary needs one number, so this keeps totals: the first step (warm-up) and any
-    interval that contains validation are left out.
+    interval that contains validation are left out. On a GPU the clock waits for the
+    queued steps where an interval starts and ends (CUDA runs behind the Python loop).
     """
 
     def __init__(self) -> None:
         self.samples = 0
         self.elapsed = 0.0
         self.first_step_s: Optional[float] = None
+        self.first_step_unix: Optional[float] = None
         self.samples_per_s: Optional[float] = None
+        self.val_curve: List[dict] = []
+        self.peak_host_rss_mib: List[float] = []
+        self.peak_gpu_mib: List[float] = []
         self._fit_start = 0.0
         self._last: Optional[float] = None
 
@@ -31,22 +40,58 @@ class ThroughputMeter(pl.Callback):
         self._fit_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = time.perf_counter()
+        now = _synced_clock(pl_module.device) if self._last is None else time.perf_counter()
         if self.first_step_s is None:
             self.first_step_s = now - self._fit_start
+            self.first_step_unix = time.time()
         elif self._last is not None:
             self.elapsed += now - self._last
             self.samples += len(batch[0])
         self._last = now
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._last = None
+        self._close_interval(pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        loss = trainer.callback_metrics.get("val_loss")
+        if not trainer.sanity_checking and loss is not None:
+            self.val_curve.append({"step": trainer.global_step, "unix_time": time.time(),
+                                   "val_loss": float(loss)})
 
     def on_train_end(self, trainer, pl_module) -> None:
-        samples = trainer.strategy.reduce(torch.tensor(float(self.samples)), reduce_op="sum")
-        elapsed = trainer.strategy.reduce(torch.tensor(self.elapsed), reduce_op="mean")
+        self._close_interval(pl_module)
+        device = pl_module.device  # NCCL reduces CUDA tensors only
+        samples = trainer.strategy.reduce(torch.tensor(float(self.samples), device=device),
+                                          reduce_op="sum")
+        elapsed = trainer.strategy.reduce(torch.tensor(self.elapsed, device=device),
+                                          reduce_op="mean")
         if float(elapsed) > 0:
             self.samples_per_s = float(samples) / float(elapsed)
+        gpu = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+        peaks = pl_module.all_gather(torch.tensor([peak_host_rss_mib(), gpu], device=device))
+        self.peak_host_rss_mib, self.peak_gpu_mib = peaks.reshape(-1, 2).T.tolist()
+
+    def _close_interval(self, pl_module) -> None:
+        if self._last is not None and pl_module.device.type == "cuda":
+            self.elapsed += _synced_clock(pl_module.device) - self._last  # the queued steps
+        self._last = None
+
+
+def _synced_clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def peak_host_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (current RSS where the OS keeps
+    no peak)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return psutil.Process().memory_info().rss / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
 
 
 class GpuShare(pl.Callback):
@@ -72,7 +117,8 @@ class ReplicaCheck(pl.Callback):
         self.checksums: List[str] = []
 
     def on_train_end(self, trainer, pl_module) -> None:
-        mine = torch.tensor(int(parameter_checksum(pl_module), 16), dtype=torch.int64)
+        mine = torch.tensor(int(parameter_checksum(pl_module), 16), dtype=torch.int64,
+                            device=pl_module.device)  # NCCL gathers CUDA tensors only
         gathered = pl_module.all_gather(mine).reshape(-1)
         self.checksums = [f"{int(value):015x}" for value in gathered.tolist()]
 

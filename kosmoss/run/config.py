@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..cpus import available_cores
-from ..data.loading import MODES
+from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..errors import UsageError
 from ..scaling import LR_RULES
+
+PRECISIONS = ("32-true", "bf16-mixed")
+STRATEGIES = ("ddp", "horovod")
 
 
 @dataclass
@@ -37,6 +40,8 @@ class RunConfig:
     process_flag: str = "--num-processes"  # how the launcher script names num_processes
     progress: bool = True
     resume: Optional[str] = None  # a run id or run folder whose checkpoint to continue
+    strategy: str = "ddp"  # ddp (torch.distributed) | horovod (kosmoss.engines.horovod)
+    precision: str = "32-true"  # Lightning's name; bf16-mixed autocasts (GPU or CPU)
     warnings: List[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -64,6 +69,14 @@ def validate(config: RunConfig) -> List[str]:
         raise UsageError(f"--max-steps {config.max_steps}: must be >= 1 (or -1 for no limit)")
     if config.scale_lr not in LR_RULES:
         raise UsageError(f"--scale-lr {config.scale_lr!r}: choose one of {', '.join(LR_RULES)}")
+    if config.precision not in PRECISIONS:
+        raise UsageError(f"--precision {config.precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if config.strategy not in STRATEGIES:
+        raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if config.strategy == "horovod":
+        from ..engines import horovod
+
+        horovod.require()  # not installed: one line naming scripts/install_horovod.sh
     if config.mode not in MODES:
         raise UsageError(f"--mode {config.mode!r}: choose one of {', '.join(MODES)}")
     if not config.hidden or min(config.hidden) < 1:

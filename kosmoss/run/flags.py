@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..data.loading import MODES
+from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..scaling import LR_RULES
-from .config import RunConfig
+from .config import PRECISIONS, STRATEGIES, RunConfig
 
 DEFAULTS = RunConfig()
 
@@ -40,7 +40,8 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
     add("--hidden", type=int, nargs="+", default=list(DEFAULTS.hidden),
         help="hidden layer sizes (default: 100 100 100)")
     add("--mode", choices=MODES, default=DEFAULTS.mode,
-        help="efficient: memory-mapped shards; controlled: shards copied to RAM")
+        help="efficient: memory-mapped shards; controlled: shards copied to RAM; device: "
+             "copied to the GPU, which then gathers its own batches")
     add("--num-workers", type=int, default=None,
         help="data workers per process (default: sized from the cores per process)")
     add("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -52,8 +53,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
 def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
     """What trainup_gpu.py adds to the flags of trainup_cpu.py."""
     add = parser.add_argument
-    add("--strategy", choices=("ddp",), default="ddp",
-        help="distributed engine: DDP (NCCL, or gloo when ranks share a GPU or there is none)")
+    add("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
+        help="distributed engine: ddp (NCCL, or gloo when ranks share a GPU or there is none) "
+             "or horovod (under horovodrun; see docs/horovod.md)")
     add("--gpus", "--num-processes", dest="num_processes", type=int, default=None,
         help="processes per node, one per GPU (default 1, or what the launcher says)")
     add("--num-nodes", type=int, default=None,
@@ -62,6 +64,8 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
         help="CUDA ids for the local ranks, e.g. 2,3: local rank r uses ids[r]")
     add("--require-gpu", action="store_true",
         help="fail (exit 2) instead of falling back to CPU when there is no GPU")
+    add("--precision", choices=PRECISIONS, default=DEFAULTS.precision,
+        help="bf16-mixed: bfloat16 autocast, the tensor cores' format (default %(default)s)")
 
 
 def _id_list(text: str):
@@ -85,5 +89,6 @@ def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
         max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,
         seed=args.seed, result_json=args.result_json, hidden=tuple(args.hidden),
         mode=args.mode, num_workers=args.num_workers, progress=args.progress,
-        resume=args.resume, **extra,
+        resume=args.resume, precision=getattr(args, "precision", DEFAULTS.precision),
+        strategy=getattr(args, "strategy", DEFAULTS.strategy), **extra,
     )

@@ -37,7 +37,8 @@ class StopOnSignal(pl.Callback):
             signal.signal(sig, self._note)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        local = torch.tensor(float(self.received or 0))
+        # On the rank's device: NCCL reduces CUDA tensors only.
+        local = torch.tensor(float(self.received or 0), device=pl_module.device)
         signum = int(trainer.strategy.reduce(local, reduce_op="max"))
         if not signum:
             return

@@ -40,10 +40,11 @@ from .callbacks import GpuShare, ReplicaCheck, ThroughputMeter
 from .preemption import CHECKPOINT as PREEMPTED
 from .preemption import StopOnSignal
 from .config import RunConfig, validate
+from .. import records
 
 SPLITS = (0.8, 0.1, 0.1)
 SCORES = ("val_loss", "val_rmse_wm2", "test_loss", "test_rmse_wm2")
-RUN_ID_ENV = "KOSMOSS_RUN_ID"
+RUN_ID_ENV = records.RUN_ID_ENV
 
 
 @rank_zero_only
@@ -51,18 +52,20 @@ def say(message: str) -> None:
     Console(highlight=False, soft_wrap=True).print(message, markup=False)
 
 
+@records.tracked  # run.json and this process's record say how the run ended
 def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     """Check everything, then train. Bad input raises :class:`UsageError` before anything
     is written (only a missing preset dataset is prepared)."""
     config.warnings = validate(config) + list(config.warnings)
-    topology = launch.resolve(config.num_processes, config.num_nodes, config.process_flag)
+    topology = launch.resolve(config.num_processes, config.num_nodes, config.process_flag,
+                              strategy=config.strategy)
     rank_zero_only.rank = topology.global_rank_hint()  # Lightning sets the same, later
     launch.check_master_port(topology)
     policy = decide(MachineGpu(config.machine_gpu, config.gpu_index), config.use_gpu,
                     require=config.require_gpu)
     config.warnings += list(policy.warnings)
     gpus_here = (len(config.gpu_ids or ()) or torch.cuda.device_count()) if policy.gpu else 0
-    share = sharing(topology.devices_per_node, gpus_here)
+    share = sharing(_ranks_on_host(topology), gpus_here)
     scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=topology.num_nodes,
                    devices_per_node=topology.devices_per_node,
                    base_batch_size=config.base_batch_size, warmup_steps=config.warmup_steps)
@@ -72,13 +75,15 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         for warning in config.warnings:
             echo(f"warning: {warning}")
         if scaling.world_size > 1:
-            echo(f"backend: {share.reason}")
+            echo(f"backend: {_backend_reason(config, policy, share, topology)}")
         echo("\n".join(["scaling:"] + [f"  {line}" for line in scaling.lines()]))
     if topology.launcher == "simulate":
         return _simulate(topology, echo)
 
     run_dir = _run_dir(config.resume)
     resume_from = _checkpoint_to_resume(run_dir, config.resume)
+    resumed_from_step = _step_of(resume_from)  # before the run overwrites last.ckpt
+    records.start(run_dir, kind=topology.launcher, global_rank=rank_zero_only.rank)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = FlattenedDataModule(
         dataset, batch_size=scaling.per_device_batch_size, mode=config.mode, splits=SPLITS,
@@ -98,26 +103,31 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
         warnings.filterwarnings("ignore", ".*all_gather is deprecated.*")
         trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
-        scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule)
+        scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule, meter)
     result = {
         "run_id": run_dir.name,
         "run_dir": str(run_dir),
         "dataset": str(dataset.path),
         "n_samples": dataset.n_samples,
         "split_sizes": {k: len(v) for k, v in datamodule.indices.items()},
-        **_topology(scaling, policy, share, topology),
+        **_topology(scaling, policy, share, topology, config.strategy),
         "global_step": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_samples_per_s": meter.samples_per_s,
         "time_to_first_step_s": meter.first_step_s,
+        "first_step_unix": meter.first_step_unix,
+        "val_curve": meter.val_curve,
+        "peak_host_rss_mib": meter.peak_host_rss_mib,
+        "peak_gpu_mib": meter.peak_gpu_mib,
         **{name: scores.get(name) for name in SCORES},
         "mean_baseline_loss": mean_baseline_loss(stats),
         "params": sum(p.numel() for p in model.parameters()),
         "replica_checksums": replicas.checksums,
         "replicas_identical": replicas.identical,
+        "precision": config.precision,
         "stopped_by": stopper.stopped_by,
         "resumed_from": str(resume_from) if resume_from else None,
-        "resumed_from_step": _step_of(resume_from),
+        "resumed_from_step": resumed_from_step,
         "warnings": config.warnings,
         "seed": config.seed,
         "config": config.as_dict(),
@@ -133,13 +143,17 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
         # Lightning leaves the group up; a rank exiting with gloo's threads alive was seen
         # to abort ("terminate called without an active exception", 1 torchrun run in 12).
         torch.distributed.destroy_process_group()
+    if config.strategy == "horovod":
+        from ..engines.horovod import shutdown
+
+        shutdown()  # the strategy keeps Horovod up between fit and test; this ends it
     return result
 
 
-def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule) -> dict:
+def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule, meter: ThroughputMeter) -> dict:
     """Validation scores of the final weights (run again if --max-steps ended mid-epoch),
     then the test scores; read before testing, which resets the trainer's metrics."""
-    if _metric(trainer, "val_loss") is None:
+    if not meter.val_curve or meter.val_curve[-1]["step"] != trainer.global_step:
         trainer.validate(model, datamodule=datamodule, verbose=False)
     scores = {name: _metric(trainer, name) for name in ("val_loss", "val_rmse_wm2")}
     return {**scores, **trainer.test(model, datamodule=datamodule, verbose=False)[0]}
@@ -186,6 +200,7 @@ def _check_fits(n_samples: int, scaling: ScalingPlan) -> None:
 
 def _simulate(topology: launch.Topology, echo) -> dict:
     run_id = _new_run_id()
+    records.start(paths.runs_root() / run_id, kind=topology.launcher)  # marks the nodes
     code = launch.simulate_nodes(topology, {RUN_ID_ENV: run_id}, echo)
     if code != 0:
         raise RunFailed(f"a node process exited with code {code}; the other nodes were "
@@ -208,6 +223,10 @@ def _run_id() -> str:
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
         return f"slurm-{job}"
+    if detect_launcher() == "horovodrun":
+        from ..engines.horovod import shared_run_id
+
+        return shared_run_id(_new_run_id())
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return f"torchrun-{elastic[:12]}"
@@ -233,11 +252,16 @@ def _run_dir(resume: Optional[str] = None) -> Path:
     return run_dir
 
 
+def _ranks_on_host(topology: launch.Topology) -> int:
+    # Simulated nodes all run on this host: their ranks share its cores and its GPUs.
+    simulated = topology.launcher in ("simulate", "simulated-node")
+    return topology.devices_per_node * (topology.num_nodes if simulated else 1)
+
+
 def _num_workers(config: RunConfig, topology: launch.Topology) -> int:
     if config.num_workers is not None:
         return config.num_workers
-    return default_num_workers(topology.devices_per_node * (
-        topology.num_nodes if topology.launcher == "simulated-node" else 1))
+    return default_num_workers(_ranks_on_host(topology))
 
 
 def _trainer(config: RunConfig, topology: launch.Topology, scaling: ScalingPlan,
@@ -255,9 +279,10 @@ def _trainer(config: RunConfig, topology: launch.Topology, scaling: ScalingPlan,
         # A list of CUDA ids pins local rank r to ids[r] (Lightning's own mapping).
         devices=list(config.gpu_ids) if policy.gpu and config.gpu_ids else topology.devices_per_node,
         num_nodes=topology.num_nodes,
-        strategy=DDPStrategy(process_group_backend=share.backend) if distributed else "auto",
+        strategy=_strategy(config.strategy, share, distributed),
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
+        precision=config.precision,
         logger=[TensorBoardLogger(run_dir, name="tensorboard", version=""),
                 CSVLogger(run_dir, name="csv", version="")],
         callbacks=callbacks,
@@ -271,8 +296,25 @@ def _trainer(config: RunConfig, topology: launch.Topology, scaling: ScalingPlan,
     )
 
 
+def _strategy(name: str, share: Sharing, distributed: bool):
+    if name == "horovod":  # also with one process: the run says what it would scale with
+        from ..engines.horovod import HorovodStrategy
+
+        return HorovodStrategy()
+    return DDPStrategy(process_group_backend=share.backend) if distributed else "auto"
+
+
+def _backend_reason(config: RunConfig, policy: DevicePolicy, share: Sharing,
+                    topology: launch.Topology) -> str:
+    if config.strategy == "horovod":
+        from ..engines.horovod import backend_reason
+
+        return backend_reason(policy.gpu, topology.devices_per_node)
+    return share.reason
+
+
 def _topology(scaling: ScalingPlan, policy: DevicePolicy, share: Sharing,
-              topology: launch.Topology) -> dict:
+              topology: launch.Topology, strategy: str = "ddp") -> dict:
     distributed = scaling.world_size > 1
     return {
         "launcher": topology.launcher,
@@ -281,8 +323,9 @@ def _topology(scaling: ScalingPlan, policy: DevicePolicy, share: Sharing,
         "devices_per_node": scaling.devices_per_node,
         "accelerator": policy.accelerator,
         "device": str(policy.device),
-        "strategy": "ddp" if distributed else "single",
-        "backend": share.backend if distributed else "none",
+        "strategy": "horovod" if strategy == "horovod" else "ddp" if distributed else "single",
+        "backend": "horovod" if strategy == "horovod" else share.backend if distributed else "none",
+        "gpu_memory_fraction": share.memory_fraction if policy.gpu else None,
         "global_batch_size": scaling.global_batch_size,
         "per_device_batch_size": scaling.per_device_batch_size,
         "base_batch_size": scaling.base_batch_size,

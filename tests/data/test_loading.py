@@ -18,10 +18,19 @@ def test_batched_read_matches_per_sample_read(random_dataset):
 
 
 def test_modes_read_the_same(random_dataset):
-    idx = np.arange(0, 1000, 7)
+    idx = np.array([999, 3, 500, 128, 127, 3, 640])  # unsorted, repeated, across shards
     a = FlattenedDataset(random_dataset, mode="efficient")[idx]
-    b = FlattenedDataset(random_dataset, mode="controlled")[idx]
-    torch.testing.assert_close(a, b)
+    for mode in ("controlled", "device"):
+        torch.testing.assert_close(FlattenedDataset(random_dataset, mode=mode)[idx], a)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_mode_gathers_on_the_gpu(random_dataset):
+    idx = np.array([999, 3, 500, 128, 127, 3, 640])
+    x, y = FlattenedDataset(random_dataset, mode="device", device="cuda")[idx]
+    assert x.is_cuda and y.is_cuda
+    torch.testing.assert_close(x.cpu(), FlattenedDataset(random_dataset)[idx][0])
 
 
 def test_out_of_range_is_an_index_error(random_dataset):

@@ -1,0 +1,77 @@
+"""trainup_gpu.py on a real CUDA GPU (the GPU machine; skipped elsewhere): one GPU, two
+simulated nodes sharing it over gloo with half its memory each, NCCL, bf16."""
+import json
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.strategies import DDPStrategy
+
+from helpers import run_script
+from kosmoss.data.datamodule import FlattenedDataModule
+from kosmoss.devices import sharing
+from kosmoss.model import LitMLP
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+TINY = ["--dataset", "tiny", "--no-progress", "--max-epochs", "2"]
+
+
+def _train(home, tmp_path, *args):
+    out = tmp_path / "result.json"
+    proc = run_script(["trainup_gpu.py", *TINY, *args, "--result-json", str(out)], home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc
+
+
+def test_one_gpu(shared_home, tmp_path):
+    result, _ = _train(shared_home, tmp_path, "--require-gpu")
+    assert (result["accelerator"], result["device"], result["world_size"]) == ("gpu", "cuda:0", 1)
+    assert not any("CPU" in warning for warning in result["warnings"])
+    assert result["val_loss"] < result["mean_baseline_loss"]
+
+
+def test_two_simulated_nodes_share_one_gpu_over_gloo(shared_home, tmp_path):
+    if torch.cuda.device_count() != 1:
+        pytest.skip("the sharing case needs exactly one visible GPU (set CUDA_VISIBLE_DEVICES)")
+    result, proc = _train(shared_home, tmp_path, "--strategy", "ddp", "--gpus", "1",
+                          "--num-nodes", "2")
+    assert (result["world_size"], result["accelerator"], result["backend"]) == (2, "gpu", "gloo")
+    assert result["gpu_memory_fraction"] == 0.5
+    assert "NCCL refuses duplicate GPUs" in proc.stdout
+    assert result["replicas_identical"] and len(result["replica_checksums"]) == 2
+
+
+def test_gpu_ids_pick_the_device(shared_home, tmp_path):
+    last = torch.cuda.device_count() - 1
+    result, _ = _train(shared_home, tmp_path, "--gpu-ids", str(last))
+    assert result["accelerator"] == "gpu" and result["config"]["gpu_ids"] == [last]
+
+
+def test_bf16_mixed_learns(shared_home, tmp_path):
+    result, _ = _train(shared_home, tmp_path, "--precision", "bf16-mixed")
+    assert result["precision"] == "bf16-mixed" and result["accelerator"] == "gpu"
+    assert result["val_loss"] < result["mean_baseline_loss"]
+
+
+class BackendProbe(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.backend = torch.distributed.get_backend()
+
+
+def test_one_rank_per_gpu_runs_nccl(random_dataset):
+    share = sharing(ranks_on_host=1, gpus_on_host=1)
+    assert share.backend == "nccl"
+    probe = BackendProbe()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=5, logger=False,
+                         strategy=DDPStrategy(process_group_backend=share.backend),
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         use_distributed_sampler=False, callbacks=[probe])
+    model = LitMLP(random_dataset.n_x, (16,), random_dataset.n_y,
+                   stats=random_dataset.statistics())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        trainer.fit(model, datamodule=FlattenedDataModule(random_dataset, batch_size=64))
+    assert probe.backend == "nccl" and trainer.global_step == 5
+    torch.distributed.destroy_process_group()
