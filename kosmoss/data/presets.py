@@ -45,6 +45,7 @@ def resolve(
     *,
     prepare_missing: bool = True,
     verify: bool = True,
+    trust_unchanged: bool = False,
     log: Optional[Callable[[str], None]] = None,
     flag: str = "--dataset",
 ) -> PreparedDataset:
@@ -52,16 +53,17 @@ def resolve(
     or a dataset folder -> a checked dataset."""
     try:
         if looks_like_path(spec):
-            return open_dataset(Path(spec).expanduser(), verify=verify)
+            return open_dataset(Path(spec).expanduser(), verify=verify,
+                                trust_unchanged=trust_unchanged)
         folder = paths.data_root() / spec
         if folder.exists():
-            return open_dataset(folder, verify=verify)
+            return open_dataset(folder, verify=verify, trust_unchanged=trust_unchanged)
         if spec not in PRESETS:
             raise UsageError(f"unknown preset {spec!r}: choose one of {', '.join(PRESETS)}, "
                              "the name of a dataset in $KOSMOSS_HOME/data or a dataset folder")
         if prepare_missing:
             return prepare_preset(PRESETS[spec], log=log)
-        return open_dataset(folder, verify=verify)
+        return open_dataset(folder, verify=verify, trust_unchanged=trust_unchanged)
     except UsageError as err:
         raise type(err)(f"{flag} {spec}: {err}") from None
 

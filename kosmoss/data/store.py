@@ -34,6 +34,9 @@ from .stats import RunningMoments, Statistics
 FORMAT = "kosmoss-flattened"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
+# Size and mtime of each file when its checksum last matched: a training run hashes only
+# files changed since (hashing the 20 GB of `large` before every run would cost minutes).
+VERIFIED_FILE = ".verified.json"
 STATS_FILE = "stats.npz"
 DTYPE = np.float32
 
@@ -189,8 +192,10 @@ def _swap_into_place(tmp: Path, dest: Path) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def open_dataset(path: Path, *, verify: bool = True) -> PreparedDataset:
-    """Read and check a dataset folder; ``verify`` also compares every checksum."""
+def open_dataset(path: Path, *, verify: bool = True,
+                 trust_unchanged: bool = False) -> PreparedDataset:
+    """Read and check a dataset folder; ``verify`` also compares the checksums (of every
+    file, or with ``trust_unchanged`` of the files changed since they last matched)."""
     path = Path(path)
     if not path.is_dir():
         raise DatasetError(f"{path}: no such dataset folder; prepare it with `kosmoss data prepare`")
@@ -207,7 +212,7 @@ def open_dataset(path: Path, *, verify: bool = True) -> PreparedDataset:
     if not (path / STATS_FILE).is_file():
         raise DatasetError(f"{path / STATS_FILE}: missing; prepare the dataset again")
     if verify:
-        verify_checksums(dataset)
+        verify_checksums(dataset, trust_unchanged=trust_unchanged)
     return dataset
 
 
@@ -237,13 +242,39 @@ def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
                            f"{dtype}; prepare the dataset again")
 
 
-def verify_checksums(dataset: PreparedDataset) -> None:
-    for shard in dataset.shards:
-        for name, expected in ((shard.x_file, shard.x_sha256), (shard.y_file, shard.y_sha256)):
-            if sha256_of(dataset.path / name) != expected:
-                raise DatasetError(f"{dataset.path / name}: checksum does not match metadata.json "
-                                   "(corrupted or modified); prepare the dataset again")
+def verify_checksums(dataset: PreparedDataset, *, trust_unchanged: bool = False) -> None:
+    """Hash every file against metadata.json. With ``trust_unchanged``, a file whose size and
+    modification time are those recorded when it last matched is not hashed again (the
+    quick check rsync and make use; `kosmoss data info --verify` hashes everything)."""
+    expected = {name: digest for shard in dataset.shards
+                for name, digest in ((shard.x_file, shard.x_sha256), (shard.y_file, shard.y_sha256))}
     stats = dataset.metadata["stats"]
-    if sha256_of(dataset.path / stats["file"]) != stats["sha256"]:
-        raise DatasetError(f"{dataset.path / stats['file']}: checksum does not match "
-                           "metadata.json; prepare the dataset again")
+    expected[stats["file"]] = stats["sha256"]
+    matched = _read_verified(dataset.path) if trust_unchanged else {}
+    for name, digest in expected.items():
+        file = dataset.path / name
+        if matched.get(name) != _stamp(file) and sha256_of(file) != digest:
+            raise DatasetError(f"{file}: checksum does not match metadata.json "
+                               "(corrupted or modified); prepare the dataset again")
+    _write_verified(dataset.path, {name: _stamp(dataset.path / name) for name in expected})
+
+
+def _stamp(file: Path) -> list:
+    info = file.stat()
+    return [info.st_size, info.st_mtime_ns]
+
+
+def _read_verified(folder: Path) -> dict:
+    try:
+        return json.loads((folder / VERIFIED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_verified(folder: Path, stamps: dict) -> None:
+    tmp = folder / f".{VERIFIED_FILE}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(stamps))
+        os.replace(tmp, folder / VERIFIED_FILE)
+    except OSError:  # a read-only shared dataset: it is simply hashed again next time
+        tmp.unlink(missing_ok=True)

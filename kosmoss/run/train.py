@@ -31,6 +31,7 @@ from ..cpus import default_num_workers
 from ..data import presets
 from ..data.datamodule import FlattenedDataModule
 from ..data.stats import Statistics
+from ..data.store import verify_checksums
 from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..environment import detect_launcher
 from ..errors import RunFailed, UsageError
@@ -69,7 +70,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     scaling = plan(config.batch_size, config.lr, config.scale_lr, num_nodes=topology.num_nodes,
                    devices_per_node=topology.devices_per_node,
                    base_batch_size=config.base_batch_size, warmup_steps=config.warmup_steps)
-    dataset = presets.resolve(config.dataset, log=echo, verify=rank_zero_only.rank == 0)
+    dataset = presets.resolve(config.dataset, log=echo, verify=False)  # checksums: below
     _check_fits(dataset.n_samples, scaling)
     if topology.launcher != "simulated-node":  # the parent process already said it all
         for warning in config.warnings:
@@ -83,6 +84,9 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     run_dir = _run_dir(config.resume)
     resume_from = _checkpoint_to_resume(run_dir, config.resume)
     resumed_from_step = _step_of(resume_from)  # before the run overwrites last.ckpt
+    if rank_zero_only.rank == 0:  # after every other check: from here on, things are written
+        verify_checksums(dataset, trust_unchanged=True)  # records in the dataset what matched
+        run_dir.mkdir(parents=True, exist_ok=True)
     records.start(run_dir, kind=topology.launcher, global_rank=rank_zero_only.rank)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = FlattenedDataModule(
@@ -246,10 +250,7 @@ def _run_dir(resume: Optional[str] = None) -> Path:
         return folder
     run_id = _run_id()
     os.environ[RUN_ID_ENV] = run_id
-    run_dir = paths.runs_root() / run_id
-    if rank_zero_only.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return paths.runs_root() / run_id  # rank 0 creates it once the input is checked
 
 
 def _ranks_on_host(topology: launch.Topology) -> int:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers import RandomSource
-from kosmoss.data import presets
+from kosmoss.data import presets, store
 from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
 from kosmoss.errors import DatasetError, UsageError
 
@@ -106,3 +106,27 @@ def test_resolve_prepares_a_missing_preset(kosmoss_home, monkeypatch):
     monkeypatch.setitem(presets.PRESETS, "tiny", presets.Preset("tiny", 64, 32, "test", levels=3))
     dataset = presets.resolve("tiny")
     assert dataset.path == kosmoss_home / "data" / "tiny" and dataset.n_samples == 64
+
+
+def test_quick_verify_hashes_only_files_changed_since_they_matched(random_dataset, monkeypatch):
+    hashed = []
+    real_sha256_of = store.sha256_of
+    monkeypatch.setattr(store, "sha256_of", lambda path: hashed.append(path.name) or
+                        real_sha256_of(path))
+    files = 2 * len(random_dataset.shards) + 1  # x and y shards, and the statistics
+    open_dataset(random_dataset.path, trust_unchanged=True)
+    assert len(hashed) == files  # nothing matched before: everything hashed once
+    hashed.clear()
+    open_dataset(random_dataset.path, trust_unchanged=True)
+    assert hashed == []
+    shard = random_dataset.path / random_dataset.shards[2].y_file
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"y_00002.npy: checksum does not match"):
+        open_dataset(random_dataset.path, trust_unchanged=True)
+    assert hashed == [shard.name]
+    hashed.clear()
+    with pytest.raises(DatasetError):
+        open_dataset(random_dataset.path)  # the full check hashes everything
+    assert len(hashed) > 1
