@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ import psutil
 
 from . import paths, records
 from .errors import UsageError
-from .launch import port_holders
+from .launch import port_holders, port_is_free
 from .records import ENDED, FINISHED, RUNNING, STOPPED, LauncherMark, ProcessId
 
 SETTLE_S = 10.0  # after a run ends, its processes get this long to exit before they are ghosts
@@ -327,17 +326,6 @@ def _port_holders(port: int) -> List[Optional[int]]:
     except psutil.AccessDenied:  # macOS shows every socket to root only
         raise UsageError(f"--port {port}: this system shows who holds a port to root only; "
                          "run it with sudo") from None
-
-
-def port_is_free(port: int) -> bool:
-    # A bind, as launch.check_master_port does: TIME_WAIT is free, a listener is not.
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def _other(pid: int, members: Dict[int, _Member], kind: str, what: str) -> Optional[Ghost]:

@@ -141,14 +141,20 @@ def check_master_port(topology: Topology) -> None:
     starts_ranks = topology.launcher in ("simulate", "lightning") and "LOCAL_RANK" not in os.environ
     if not port or not starts_ranks:
         return
+    if not port_is_free(int(port)):
+        raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
+                         "process, or unset MASTER_PORT and kosmoss picks a free one")
+
+
+def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         # SO_REUSEADDR: a port in TIME_WAIT is free for us; one being listened on is not.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("", int(port)))
+            sock.bind(("", port))
         except OSError:
-            raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
-                             "process, or unset MASTER_PORT and kosmoss picks a free one") from None
+            return False
+    return True
 
 
 def port_holder(port: int) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -77,12 +76,3 @@ def alive(pid: int) -> bool:
         return False
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        # As kosmoss.launch.check_master_port: TIME_WAIT is free, a listener is not.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True

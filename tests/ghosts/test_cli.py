@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 import kosmoss
-from ghost_helpers import alive, end_all, port_is_free, processes_of, start, wait_until
+from ghost_helpers import alive, end_all, processes_of, start, wait_until
+from kosmoss.launch import port_is_free
 from kosmoss import cli
 
 LISTENER = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"

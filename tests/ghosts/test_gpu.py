@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kosmoss
-from ghost_helpers import alive, end_all, port_is_free, start, wait_until
+from ghost_helpers import alive, end_all, start, wait_until
+from kosmoss.launch import port_is_free
 from helpers import RandomSource
 from kosmoss import cli, ghosts, records
 from kosmoss.data.store import prepare

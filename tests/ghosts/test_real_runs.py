@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from ghost_helpers import alive, end_all, port_is_free, processes_of, start, wait_until
+from ghost_helpers import alive, end_all, processes_of, start, wait_until
+from kosmoss.launch import port_is_free
 from helpers import RandomSource
 from kosmoss import cli, ghosts, records
 from kosmoss.data.store import prepare
