@@ -4,8 +4,9 @@
     python trainup_gpu.py --gpus 2                              # DDP over 2 GPUs, NCCL
     python trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2 # 2 nodes simulated on this host
     python trainup_gpu.py --gpus 2 --gpu-ids 2,3                # local rank r on CUDA id ids[r]
+    python trainup_gpu.py --precision bf16-mixed --mode device  # bf16, data resident on the GPU
     torchrun --standalone --nproc_per_node 2 trainup_gpu.py     # torchrun starts the ranks
-    horovodrun -np 2 --gloo python trainup_gpu.py --strategy horovod  # Horovod (docs/horovod.md)
+    horovodrun -np 2 python trainup_gpu.py --strategy horovod   # Horovod (docs/horovod.md)
     sbatch slurm/submit.sbatch --dataset small                  # srun trainup_gpu.py, per task
 
 What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices);
@@ -15,8 +16,8 @@ memory each; with no GPU the run goes on on CPU with a warning, unless --require
 import sys
 
 from kosmoss.cli_support import OneLineParser, run_command
-from kosmoss.run import run
-from kosmoss.run.flags import add_gpu_flags, add_run_flags, config_from_args
+from kosmoss.devices import MachineGpu
+from kosmoss.run.flags import add_gpu_flags, add_run_flags, config_from_args, flag_names
 
 
 def main(argv=None) -> int:
@@ -24,9 +25,15 @@ def main(argv=None) -> int:
     add_run_flags(parser, processes=False)
     add_gpu_flags(parser)
     args = parser.parse_args(argv)
-    # The GPU launcher: the machine offers a GPU and the run asks for one.
-    config = config_from_args(args, machine_gpu="offer", use_gpu=True, process_flag="--gpus")
-    return run_command(parser.prog, lambda: run(config))
+
+    def train() -> None:
+        from kosmoss.run import run  # Lightning is slow to import: after the flags parse
+
+        # The GPU launcher: the machine offers a GPU (KOSMOSS_MACHINE_GPU may force one or
+        # none, KOSMOSS_GPU_INDEX pick one) and the run asks for one.
+        run(config_from_args(args, machine=MachineGpu.from_environment("offer"), use_gpu=True))
+
+    return run_command(parser.prog, train, flag_names("--gpus"))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ import sys
 
 from . import __version__
 from .cli_support import OneLineParser, run_command
-from .commands import bench, data, env, ghosts, lessons, train
+from .commands import bench, check, comm, data, env, ghosts, lessons, project, stacks, train, watch
 
-COMMANDS = (data, train, bench, ghosts, env, lessons)
+COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 
 
@@ -24,7 +24,8 @@ def build_parser() -> OneLineParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return run_command(f"kosmoss {args.subcommand}", lambda: args.command(args))
+    return run_command(f"kosmoss {args.subcommand}", lambda: args.command(args),
+                       getattr(args, "flag_names", None))
 
 
 if __name__ == "__main__":

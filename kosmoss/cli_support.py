@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from typing import Callable, Mapping, Optional
 
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RunFailed, UsageError
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, RunFailed, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -15,11 +15,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def run_command(prog: str, command: Callable[[], object]) -> int:
-    """Bad input -> one line on stderr and exit 2; a failure during the run keeps its
-    traceback (exit 1) because that is what someone debugging needs."""
+def run_command(prog: str, command: Callable[[], object],
+                flag_names: Optional[Mapping[str, str]] = None) -> int:
+    """Bad input -> one line on stderr and exit 2, a configuration field named by its flag
+    (``flag_names``); a failure during the run -> one line, exit 1."""
     try:
         command()
+    except ConfigError as err:
+        print(f"{prog}: error: {err.in_terms_of(flag_names or {})}", file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -34,4 +38,4 @@ def command_main(prog: str, description: str, add_arguments: Callable, argv=None
     parser = OneLineParser(prog=prog, description=description)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return run_command(prog, lambda: args.command(args))
+    return run_command(prog, lambda: args.command(args), getattr(args, "flag_names", None))

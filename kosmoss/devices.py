@@ -8,6 +8,7 @@ elsewhere and metrics follow. See docs/devices.md for the whole decision table.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Tuple
@@ -15,7 +16,9 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
+
+MACHINE_ENV, INDEX_ENV = "KOSMOSS_MACHINE_GPU", "KOSMOSS_GPU_INDEX"
 
 MACHINE_SETTINGS = ("none", "offer", "force")
 
@@ -32,14 +35,45 @@ class MachineGpu:
         if self.setting not in MACHINE_SETTINGS:
             raise ValueError(f"setting must be one of {MACHINE_SETTINGS}, got {self.setting!r}")
 
+    @classmethod
+    def from_environment(cls, default: str) -> "MachineGpu":
+        """The machine's own say, for every entry point: ``KOSMOSS_MACHINE_GPU`` (none, offer,
+        force; default: the entry point's) and ``KOSMOSS_GPU_INDEX`` (one GPU to use)."""
+        setting = os.environ.get(MACHINE_ENV) or default
+        index = os.environ.get(INDEX_ENV)
+        if setting not in MACHINE_SETTINGS:
+            raise UsageError(f"{MACHINE_ENV}={setting}: choose one of {', '.join(MACHINE_SETTINGS)}")
+        if index is not None and not index.isdigit():
+            raise UsageError(f"{INDEX_ENV}={index}: give a CUDA index >= 0, or unset it")
+        return cls(setting, int(index) if index is not None else None)
+
 
 @dataclass(frozen=True)
 class DevicePolicy:
-    """Where this process computes: ``gpu`` and its CUDA ``index``, and why (warnings)."""
+    """Where this process computes: ``gpu`` and its CUDA ``index``, and why (warnings);
+    ``gpu_ids``: the CUDA ids of the local ranks (``--gpu-ids``), ``visible``: GPUs seen."""
 
     gpu: bool
     index: Optional[int] = None
     warnings: Tuple[str, ...] = field(default=())
+    gpu_ids: Optional[Tuple[int, ...]] = None
+    visible: int = 0
+
+    @property
+    def gpus_on_host(self) -> int:
+        """The GPUs this host's ranks share (0 on CPU)."""
+        if not self.gpu:
+            return 0
+        return len(self.gpu_ids) if self.gpu_ids else self.visible
+
+    def trainer_devices(self, processes_per_node: int):
+        """Lightning's ``devices``: a list of CUDA ids pins local rank r to ids[r] (Lightning's
+        own mapping); a machine that picked one GPU gives it to its one process."""
+        if self.gpu and self.gpu_ids:
+            return list(self.gpu_ids)
+        if self.gpu and self.index and processes_per_node == 1:
+            return [self.index]
+        return processes_per_node
 
     @property
     def device(self) -> torch.device:
@@ -59,7 +93,8 @@ class DevicePolicy:
 
 
 def decide(machine: MachineGpu, use_gpu: bool, *, require: bool = False,
-           gpu_count: Optional[int] = None) -> DevicePolicy:
+           gpu_count: Optional[int] = None,
+           gpu_ids: Optional[Sequence[int]] = None) -> DevicePolicy:
     """The decision table of docs/devices.md. ``gpu_count`` defaults to what torch sees."""
     count = torch.cuda.device_count() if gpu_count is None else gpu_count
     wants = machine.setting == "force" or (machine.setting == "offer" and use_gpu)
@@ -70,21 +105,28 @@ def decide(machine: MachineGpu, use_gpu: bool, *, require: bool = False,
         warnings.append("a GPU was wanted but none is visible (torch.cuda.device_count() == 0): CPU")
     if require and not (wants and count > 0):
         reason = warnings[-1] if warnings else "the machine's setting keeps this run on CPU"
-        raise UsageError(f"--require-gpu: {reason}; run without --require-gpu to train on CPU")
+        raise ConfigError("require_gpu", f"{{field}}: {reason}; run without {{field}} to train "
+                          "on CPU")
     if not (wants and count > 0):
-        return DevicePolicy(False, None, tuple(warnings))
+        return DevicePolicy(False, None, tuple(warnings), visible=count)
+    missing = [i for i in gpu_ids or () if i >= count]
+    if missing:
+        raise ConfigError("gpu_ids", f"{{field}} {','.join(map(str, gpu_ids))}: CUDA id "
+                          f"{missing[0]} does not exist ({count} visible: 0..{count - 1})")
     index = machine.index if machine.index is not None else 0
     if not 0 <= index < count:
         warnings.append(f"GPU {index} does not exist ({count} visible): using GPU 0")
         index = 0
-    return DevicePolicy(True, index, tuple(warnings))
+    if gpu_ids:
+        index = gpu_ids[0]
+    return DevicePolicy(True, index, tuple(warnings), tuple(gpu_ids) if gpu_ids else None, count)
 
 
 def gpu_for_local_rank(local_rank: int, gpu_ids: Sequence[int]) -> int:
     """DeepLIIF-style ``--gpu-ids``: local rank ``r`` uses ``gpu_ids[r]``."""
     if not 0 <= local_rank < len(gpu_ids):
-        raise UsageError(f"--gpu-ids {','.join(map(str, gpu_ids))}: no id for local rank "
-                         f"{local_rank}; give one id per process on the node")
+        raise ConfigError("gpu_ids", f"{{field}} {','.join(map(str, gpu_ids))}: no id for local "
+                          f"rank {local_rank}; give one id per process on the node")
     return gpu_ids[local_rank]
 
 

@@ -1,11 +1,31 @@
-"""Errors a user can fix: reported as one line, exit code 2, nothing written."""
+"""Errors a user can fix: reported as one line, exit code 2, nothing written.
+
+The core speaks in its own words: a :class:`ConfigError` names the *field* of the run
+configuration (``batch_size``); the command line that took the value renders it in its
+own words (``--batch-size``) with :meth:`ConfigError.in_terms_of`.
+"""
 from __future__ import annotations
+
+from typing import Mapping
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
     """Bad input: the message names the flag or file and what to do."""
+
+
+class ConfigError(UsageError):
+    """A bad value of one configuration field. ``template`` holds ``{field}`` where the
+    field's name goes: ``ConfigError("lr", "{field} -1: must be > 0")``."""
+
+    def __init__(self, field: str, template: str):
+        self.field, self.template = field, template
+        super().__init__(template.replace("{field}", field))
+
+    def in_terms_of(self, names: Mapping[str, str]) -> str:
+        """The message with the field named as the caller names it (a flag, a keyword)."""
+        return self.template.replace("{field}", names.get(self.field, self.field))
 
 
 class DatasetError(UsageError):

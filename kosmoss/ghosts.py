@@ -41,6 +41,7 @@ POLL_S = 0.05
 LAUNCHER_GONE, RUN_ENDED, PEER_DIED = "launcher-gone", "run-ended", "peer-died"
 WORKER_ORPHANED, NOT_EXITED = "worker-orphaned", "not-exited"
 GPU_MEMORY, PORT, NAMED = "gpu-memory", "port", "named"
+TORCHRUN_PORT = 29500  # torchrun's default MASTER_PORT, which many scripts copy
 KOSMOSS_GHOSTS = (LAUNCHER_GONE, RUN_ENDED, PEER_DIED, WORKER_ORPHANED, NOT_EXITED)
 
 
@@ -59,6 +60,9 @@ class Ghost:
     gpus: List[int] = field(default_factory=list)
     ports: List[int] = field(default_factory=list)  # TCP ports it listens on
     tree: List[int] = field(default_factory=list)  # its descendants, ended with it
+    causes: List[str] = field(default_factory=list)  # why it matters: port, GPU, memory, parent
+    rss_bytes: Optional[int] = None  # the memory ending it frees (USS where readable)
+    home: Optional[str] = None  # the KOSMOSS_HOME of its run, when it is not the current one
     ended: Optional[bool] = None  # after end_ghosts: whether it is gone
 
     def as_dict(self) -> dict:
@@ -89,6 +93,7 @@ class _Run:
     run_id: str
     record: dict  # run.json ({} when absent)
     processes: List[dict]  # this host's process records
+    home: Optional[Path] = None  # set when not the current KOSMOSS_HOME
 
     @property
     def state(self) -> str:
@@ -121,13 +126,15 @@ def find_ghosts(port: Optional[int] = None, pids: Sequence[int] = ()) -> List[Gh
     _check_port(port)
     named = [_named_process(pid) for pid in pids]
     now = time.time()
-    members = _members(_load_runs(paths.runs_root()))
+    members = _members()
     gpu = _gpu_processes()
     found: Dict[int, Ghost] = {}
     for member in members.values():
         verdict = _classify(member, now)
         if verdict:
-            found[member.proc.pid] = _ghost(member.proc, member.run.run_id, *verdict, killable=True)
+            ghost = _ghost(member.proc, member.run.run_id, *verdict, killable=True)
+            ghost.home = str(member.run.home) if member.run.home else None
+            found[member.proc.pid] = ghost
     for pid, use in gpu.items():
         if pid not in found:
             ghost = _gpu_holder(pid, use, members.get(pid))
@@ -137,6 +144,7 @@ def find_ghosts(port: Optional[int] = None, pids: Sequence[int] = ()) -> List[Gh
         found = _narrow(found, members, port, named)
     for ghost in found.values():
         _fill(ghost, gpu)
+        ghost.causes = _causes(ghost, members.get(ghost.pid))
     return sorted(found.values(), key=lambda g: (g.run_id is None, g.run_id or "", g.pid))
 
 
@@ -162,7 +170,7 @@ def end_ghosts(ghosts: Iterable[Ghost], grace: float = DEFAULT_GRACE_S) -> KillR
 # ---- who belongs to which run
 
 
-def _load_runs(root: Path) -> Dict[str, _Run]:
+def _load_runs(root: Path, home: Optional[Path] = None) -> Dict[str, _Run]:
     runs = {}
     if not root.is_dir():
         return runs
@@ -173,15 +181,49 @@ def _load_runs(root: Path) -> Dict[str, _Run]:
         processes = [p for p in records.read_processes(folder) if p.get("host") == host]
         record = records.read_run(folder)
         if processes or record:
-            runs[folder.name] = _Run(folder.name, record or {}, processes)
+            runs[folder.name] = _Run(folder.name, record or {}, processes, home)
     return runs
 
 
-def _members(runs: Dict[str, _Run]) -> Dict[int, _Member]:
-    """Live processes of the current user that belong to a run: by their record (pid and
-    create time), else by the marks in their exec-time environment."""
-    members: Dict[int, _Member] = {}
+def _members() -> Dict[int, _Member]:
+    """Live processes of the current user that belong to a kosmoss run, whatever its home:
+    those carrying a run's mark in their exec-time environment (a ghost is likeliest when
+    its home is gone), and those recorded in the runs of the current home or of a home such
+    a mark points to. Records, where they exist, say more than the mark."""
     protected, home = _protected(), paths.home().resolve()
+    marked = _marked_processes(protected)
+    homes: Dict[Path, Dict[str, _Run]] = {home: _load_runs(paths.runs_root())}
+    for _, environ in marked:
+        other = _home_of(environ)
+        if other not in homes:
+            homes[other] = _load_runs(other / "runs", home=other)
+    members: Dict[int, _Member] = {}
+    for runs in homes.values():
+        _add_recorded(members, runs, protected)
+    for proc, environ in marked:
+        if proc.pid in members:
+            continue
+        run_id, other = environ[records.RUN_ID_ENV], _home_of(environ)
+        run = homes[other].get(run_id) or _Run(run_id, {}, [], None if other == home else other)
+        mark = LauncherMark.decode(environ.get(records.LAUNCHER_ENV))
+        members[proc.pid] = _Member(proc, run, None, mark if mark and mark.run_id == run_id
+                                    else None)
+    return members
+
+
+def _marked_processes(protected: Set[int]) -> List[Tuple[psutil.Process, Dict[str, str]]]:
+    """The user's processes whose environment carries a kosmoss run id."""
+    marked = []
+    for proc in psutil.process_iter():
+        if proc.pid in protected or not _is_mine(proc):
+            continue
+        environ = _environ(proc)
+        if environ.get(records.RUN_ID_ENV):
+            marked.append((proc, environ))
+    return marked
+
+
+def _add_recorded(members: Dict[int, _Member], runs: Dict[str, _Run], protected: Set[int]):
     for run in runs.values():
         for rec in run.processes:
             proc = ProcessId.from_dict(rec).process()
@@ -190,16 +232,6 @@ def _members(runs: Dict[str, _Run]) -> Dict[int, _Member]:
             previous = members.get(proc.pid)
             if previous is None or _newer(rec, previous.record):
                 members[proc.pid] = _Member(proc, run, rec, None)
-    for proc in psutil.process_iter():
-        if proc.pid in members or proc.pid in protected or not _is_mine(proc):
-            continue
-        environ = _environ(proc)
-        run = runs.get(environ.get(records.RUN_ID_ENV, ""))
-        if run is not None and _home_of(environ) == home:
-            mark = LauncherMark.decode(environ.get(records.LAUNCHER_ENV))
-            members[proc.pid] = _Member(proc, run, None, mark if mark and mark.run_id == run.run_id
-                                        else None)
-    return members
 
 
 def _newer(rec: dict, other: Optional[dict]) -> bool:
@@ -230,14 +262,21 @@ def _classify(member: _Member, now: float) -> Optional[Tuple[str, str]]:
         member.mark.launcher if member.mark else None)
     if launcher and launcher.pid != pid and not launcher.is_alive():
         kind = run.record.get("kind")
-        return LAUNCHER_GONE, (f"run {run.run_id}: its launcher (pid {launcher.pid}"
-                               f"{', ' + kind if kind else ''}) is gone")
+        return LAUNCHER_GONE, (f"run {run.run_id}{_elsewhere(run)}: its launcher (pid "
+                               f"{launcher.pid}{', ' + kind if kind else ''}) is gone")
     dead = _dead_peer(rec, run) if rec else None
     if dead:
         state = f" ({dead['state']})" if dead.get("state") != RUNNING else ""
         return PEER_DIED, (f"run {run.run_id}: {_role(dead)} (pid {dead['pid']}) died{state}; "
                            "this one waits for it in vain")
     return None
+
+
+def _elsewhere(run: _Run) -> str:
+    """Where a run of another KOSMOSS_HOME lives, and whether that home is still there."""
+    if run.home is None:
+        return ""
+    return f" of KOSMOSS_HOME {run.home}" + ("" if run.home.exists() else " (deleted)")
 
 
 def _role(rec: dict) -> str:
@@ -467,10 +506,73 @@ def _fill(ghost: Ghost, gpu: Dict[int, _GpuUse]) -> None:
         except psutil.Error:
             pass
     ghost.ports = sorted(ports)
+    try:  # USS: what ending it frees (a forked worker's RSS counts pages it shares)
+        ghost.rss_bytes = proc.memory_full_info().uss
+    except (psutil.Error, AttributeError):
+        try:
+            ghost.rss_bytes = proc.memory_info().rss
+        except psutil.Error:
+            pass
     uses = [gpu[p.pid] for p in family if p.pid in gpu]
     if uses:
         ghost.gpu_memory_bytes = sum(use.memory for use in uses)
         ghost.gpus = sorted({index for use in uses for index in use.gpus})
+
+
+def _causes(ghost: Ghost, member: Optional[_Member]) -> List[str]:
+    """Why the entry matters to the next run: the port it wants, the GPU memory, the RAM."""
+    causes = []
+    wanted = _wanted_ports(member)
+    for port in ghost.ports:
+        if port in wanted:
+            causes.append(f"holds port {port}, {wanted[port]}: a new run on it fails with "
+                          "\"Address already in use\"")
+    if ghost.kind not in KOSMOSS_GHOSTS:
+        return causes
+    role = "data worker" if ghost.kind == WORKER_ORPHANED else \
+        ((member.record or {}).get("role") if member else None) or "rank"
+    orphaned = _parent_gone(ghost, member)
+    who = f"orphaned {role} ({orphaned})" if orphaned else role.capitalize()
+    if ghost.gpu_memory_bytes:
+        causes.append(f"{who} still holding a CUDA context: {human_bytes(ghost.gpu_memory_bytes)}"
+                      f" on GPU {','.join(map(str, ghost.gpus))}, given back when it ends")
+    elif orphaned:
+        causes.append(who)
+    if ghost.kind == WORKER_ORPHANED:
+        causes.append(f"data worker of a dead rank: {human_bytes(ghost.rss_bytes)} of RAM and "
+                      "a core, for nobody")
+        return causes
+    if role == "worker":
+        parent = ((member.record or {}).get("parent") or {}).get("pid")
+        causes.append(f"data worker of pid {parent}, a ghost too: ended with it")
+    if ghost.rss_bytes:
+        causes.append(f"frees at least {human_bytes(ghost.rss_bytes)} of RAM when it ends")
+    return causes
+
+
+def _wanted_ports(member: Optional[_Member]) -> Dict[int, str]:
+    """Ports a new run is likely to want, and why."""
+    wanted = {TORCHRUN_PORT: "torchrun's default MASTER_PORT"}
+    here = os.environ.get("MASTER_PORT", "")
+    if here.isdigit():
+        wanted[int(here)] = "the MASTER_PORT set in this shell"
+    if member is not None:
+        ports = [member.run.record.get("master_port")] + [r.get("master_port")
+                                                          for r in member.run.processes]
+        for port in filter(None, ports):
+            wanted[int(port)] = f"the MASTER_PORT of run {member.run.run_id}"
+    return wanted
+
+
+def _parent_gone(ghost: Ghost, member: Optional[_Member]) -> Optional[str]:
+    parent = ProcessId.from_dict((member.record or {}).get("parent")) if member else None
+    if parent is not None and not parent.is_alive():
+        return f"its parent, pid {parent.pid}, is gone"
+    try:
+        ppid = psutil.Process(ghost.pid).ppid()
+    except psutil.Error:
+        return None
+    return "its parent is gone: pid 1 adopted it" if ppid == 1 else None
 
 
 def _protected() -> Set[int]:

@@ -4,9 +4,11 @@
 - *simulated nodes*: ``--num-nodes K`` with no cluster around us starts K node processes
   on this host (NODE_RANK 0..K-1, one MASTER_ADDR/MASTER_PORT), because Lightning started
   once with ``num_nodes=2`` waits forever for node 1;
-- torchrun or srun already started us: never spawn again; the topology comes from their
-  variables (Lightning's TorchElasticEnvironment and SLURMEnvironment do the rest);
-- horovodrun started us (``--strategy horovod``): the same, from its HOROVOD_* variables.
+- torchrun, srun or horovodrun already started us: never spawn again.
+
+Who is who comes from Lightning's ClusterEnvironments (TorchElasticEnvironment,
+SLURMEnvironment, LightningEnvironment) and kosmoss's HorovodEnvironment; kosmoss adds only
+what they lack: the number of nodes, and the simulated nodes.
 """
 from __future__ import annotations
 
@@ -17,115 +19,156 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, Dict, List, Optional
 
 import psutil
 
 from .cpus import cores_per_process
 from .environment import detect_launcher
-from .errors import UsageError
+from .errors import ConfigError, UsageError
 
 SIMULATED_NODE_ENV = "KOSMOSS_SIMULATED_NODES"  # set in node processes: never spawn again
 STOP_GRACE_S = 10.0
+
+
+class Launcher(str, Enum):
+    """Who started this process (a ``str``: records and result.json keep the value)."""
+
+    SINGLE = "single"  # one process, nobody else
+    LIGHTNING = "lightning"  # Lightning starts the other local ranks
+    SIMULATE = "simulate"  # this process starts one node process per simulated node
+    SIMULATED_NODE = "simulated-node"  # one of those node processes
+    TORCHRUN = "torchrun"
+    SLURM = "slurm"
+    HOROVODRUN = "horovodrun"
+
+    @property
+    def external(self) -> bool:
+        return self in (Launcher.TORCHRUN, Launcher.SLURM, Launcher.HOROVODRUN)
+
+    @property
+    def simulated(self) -> bool:
+        return self in (Launcher.SIMULATE, Launcher.SIMULATED_NODE)
+
+    @property
+    def starts_ranks(self) -> bool:
+        """kosmoss or Lightning starts processes from this one (so it needs a free port)."""
+        return self in (Launcher.SIMULATE, Launcher.LIGHTNING) and "LOCAL_RANK" not in os.environ
 
 
 @dataclass(frozen=True)
 class Topology:
     num_nodes: int
     devices_per_node: int
-    launcher: str  # single | lightning | simulate | simulated-node | torchrun | slurm | horovodrun
+    launcher: Launcher
     node_rank: int = 0
+    global_rank: int = 0  # this process's, as its launcher says (0 before Lightning spawns)
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.devices_per_node
 
-    def global_rank_hint(self) -> int:
-        """This process's rank before Lightning has set up (for rank-zero printing)."""
-        if self.launcher == "torchrun":
-            return int(os.environ.get("RANK", 0))
-        if self.launcher == "slurm":
-            return int(os.environ.get("SLURM_PROCID", 0))
-        if self.launcher == "horovodrun":
-            return int(os.environ.get("HOROVOD_RANK", 0))
-        return self.node_rank * self.devices_per_node + int(os.environ.get("LOCAL_RANK", 0))
+    @property
+    def ranks_on_host(self) -> int:
+        # Simulated nodes all run on this host: their ranks share its cores and its GPUs.
+        return self.devices_per_node * (self.num_nodes if self.launcher.simulated else 1)
 
 
-def resolve(num_processes: Optional[int], num_nodes: Optional[int],
-            process_flag: str = "--num-processes", strategy: str = "ddp") -> Topology:
-    """The topology from the flags (None: not given) and the environment we run in."""
-    if strategy == "horovod" or detect_launcher() == "horovodrun":
-        return _from_horovod(num_processes, num_nodes, process_flag, strategy)
-    if os.environ.get(SIMULATED_NODE_ENV):
-        return Topology(int(os.environ[SIMULATED_NODE_ENV]), num_processes or 1,
-                        "simulated-node", node_rank=int(os.environ["NODE_RANK"]))
-    launcher = detect_launcher()
-    if launcher == "torchrun":
-        return _from_torchrun(num_processes, num_nodes, process_flag)
-    if launcher == "slurm":
-        return _from_slurm(num_processes, num_nodes, process_flag)
+# How each external launcher says how many processes per node and how many nodes, for the
+# one contradiction check: (its word for the per-node count, its word for the nodes).
+LAUNCHER_TERMS = {
+    Launcher.TORCHRUN: ("--nproc_per_node", "--nnodes", "drop the flag, torchrun decides"),
+    Launcher.SLURM: ("tasks per node", "node(s)", "drop the flag, or ask sbatch/srun for it"),
+    Launcher.HOROVODRUN: ("rank(s) on this host", "host(s)",
+                          "drop the flag, horovodrun -np/-H decide"),
+}
+
+
+def resolve(num_processes: Optional[int], num_nodes: Optional[int], engine) -> Topology:
+    """The topology from the requested counts (None: not given), the engine and the
+    environment we run in."""
+    found = detect_launcher()
+    launcher = Launcher(found) if found in Launcher._value2member_map_ else None
+    if launcher is None and os.environ.get(SIMULATED_NODE_ENV):
+        launcher = Launcher.SIMULATED_NODE
+    ranks = (num_processes or 1) * (num_nodes or 1)
+    engine.check_launch(launcher.value if launcher else "none", ranks)
+    if launcher is not None and launcher.external:
+        return _from_cluster(launcher, num_processes, num_nodes)
+    if launcher is Launcher.SIMULATED_NODE:
+        return _simulated_node(num_processes or 1)
     devices, nodes = num_processes or 1, num_nodes or 1
     if nodes > 1:
-        return Topology(nodes, devices, "simulate")
-    return Topology(1, devices, "lightning" if devices > 1 else "single")
+        return Topology(nodes, devices, Launcher.SIMULATE)
+    local = _lightning_environment().local_rank()
+    return Topology(1, devices, Launcher.LIGHTNING if devices > 1 else Launcher.SINGLE,
+                    global_rank=local)
 
 
-def _from_torchrun(num_processes, num_nodes, process_flag) -> Topology:
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-    nodes = int(os.environ["WORLD_SIZE"]) // local
-    if num_processes is not None and num_processes != local:
-        raise UsageError(f"{process_flag} {num_processes} contradicts torchrun's "
-                         f"--nproc_per_node {local}: drop the flag, torchrun decides")
-    if num_nodes is not None and num_nodes != nodes:
-        raise UsageError(f"--num-nodes {num_nodes} contradicts torchrun's --nnodes {nodes}: "
-                         "drop the flag, torchrun decides")
-    return Topology(nodes, local, "torchrun", node_rank=int(os.environ.get("GROUP_RANK", 0)))
+def _from_cluster(launcher: Launcher, num_processes, num_nodes) -> Topology:
+    environment = cluster_environment(launcher)
+    world = environment.world_size()
+    nodes, local = _counts(launcher, world)
+    if local * nodes != world:  # the batch split assumes the same ranks on every node
+        raise UsageError(f"{launcher.value} started {world} ranks unevenly over {nodes} "
+                         "node(s): give every node the same number (for horovodrun the same "
+                         "slots, -H host1:N,host2:N)")
+    per_node, node_word, advice = LAUNCHER_TERMS[launcher]
+    torchrun = launcher is Launcher.TORCHRUN  # its words are flags: "--nnodes 2"
+    _agree("num_processes", num_processes, local, f"{launcher.value}'s {per_node} {local}"
+           if torchrun else f"{launcher.value}'s {local} {per_node}", advice)
+    _agree("num_nodes", num_nodes, nodes, f"{launcher.value}'s {node_word} {nodes}"
+           if torchrun else f"{launcher.value}'s {nodes} {node_word}", advice)
+    return Topology(nodes, local, launcher, node_rank=environment.node_rank(),
+                    global_rank=environment.global_rank())
 
 
-def _from_horovod(num_processes, num_nodes, process_flag, strategy) -> Topology:
-    """horovodrun starts every rank itself; without it, Horovod runs one process."""
-    if detect_launcher() != "horovodrun":
-        ranks = (num_processes or 1) * (num_nodes or 1)
-        if ranks > 1:
-            raise UsageError(f"--strategy horovod with {ranks} processes: horovodrun starts "
-                             f"Horovod's ranks, so drop {process_flag}/--num-nodes and run "
-                             f"`horovodrun -np {ranks} --gloo python trainup_gpu.py --strategy "
-                             "horovod ...`")
-        return Topology(1, 1, "single")
-    if strategy != "horovod":
-        raise UsageError(f"horovodrun started this process but the strategy is {strategy}: "
-                         "run `trainup_gpu.py --strategy horovod` (DDP would train each rank "
-                         "alone)")
-    local = int(os.environ["HOROVOD_LOCAL_SIZE"])
-    nodes = int(os.environ["HOROVOD_CROSS_SIZE"])
-    if local * nodes != int(os.environ["HOROVOD_SIZE"]):  # the batch split assumes it
-        raise UsageError(f"horovodrun started {os.environ['HOROVOD_SIZE']} ranks unevenly over "
-                         f"{nodes} host(s): give every host the same slots (-H host1:N,host2:N)")
-    if num_processes is not None and num_processes != local:
-        raise UsageError(f"{process_flag} {num_processes} contradicts horovodrun's {local} "
-                         "rank(s) on this host: drop the flag, horovodrun -np/-H decide")
-    if num_nodes is not None and num_nodes != nodes:
-        raise UsageError(f"--num-nodes {num_nodes} contradicts horovodrun's {nodes} host(s): "
-                         "drop the flag, horovodrun -H decides")
-    return Topology(nodes, local, "horovodrun",
-                    node_rank=int(os.environ.get("HOROVOD_CROSS_RANK", 0)))
+def _agree(field: str, requested: Optional[int], actual: int, theirs: str, advice: str) -> None:
+    """The one check that a flag agrees with what the launcher already decided."""
+    if requested is not None and requested != actual:
+        raise ConfigError(field, f"{{field}} {requested} contradicts {theirs}: {advice}")
 
 
-def _from_slurm(num_processes, num_nodes, process_flag) -> Topology:
-    nodes = int(os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES") or 1)
-    tasks = int(os.environ["SLURM_NTASKS"])
-    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:  # Lightning would refuse it
-        raise UsageError(f"srun --ntasks {tasks}: ask for --ntasks-per-node instead (Lightning's "
+def cluster_environment(launcher: Launcher):
+    """Lightning's ClusterEnvironment for an external launcher (kosmoss's for Horovod)."""
+    if launcher is Launcher.HOROVODRUN:
+        from .engines.horovod import HorovodEnvironment
+
+        return HorovodEnvironment(join=False)  # horovodrun's variables; hvd.init() comes later
+    from lightning_fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    if launcher is Launcher.SLURM:
+        # kosmoss handles SIGUSR1/SIGTERM itself (run/preemption.py), Lightning must not.
+        return SLURMEnvironment(auto_requeue=False)
+    return TorchElasticEnvironment()
+
+
+def _counts(launcher: Launcher, world: int):
+    """(nodes, ranks per node): what the ClusterEnvironments do not expose."""
+    if launcher is Launcher.TORCHRUN:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return world // local, local
+    if launcher is Launcher.HOROVODRUN:
+        return int(os.environ["HOROVOD_CROSS_SIZE"]), int(os.environ["HOROVOD_LOCAL_SIZE"])
+    if world > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:  # Lightning would refuse it
+        raise UsageError(f"srun --ntasks {world}: ask for --ntasks-per-node instead (Lightning's "
                          "SLURMEnvironment needs the same number of tasks on every node)")
-    per_node = tasks // nodes
-    if num_processes is not None and num_processes != per_node:
-        raise UsageError(f"{process_flag} {num_processes} contradicts Slurm's {per_node} tasks "
-                         "per node: drop the flag, or ask sbatch/srun for --ntasks-per-node "
-                         f"{num_processes}")
-    if num_nodes is not None and num_nodes != nodes:
-        raise UsageError(f"--num-nodes {num_nodes} contradicts Slurm's {nodes} node(s): drop "
-                         f"the flag, or ask sbatch for --nodes {num_nodes}")
-    return Topology(nodes, per_node, "slurm", node_rank=int(os.environ.get("SLURM_NODEID", 0)))
+    nodes = int(os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+    return nodes, world // nodes
+
+
+def _lightning_environment():
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    return LightningEnvironment()
+
+
+def _simulated_node(devices: int) -> Topology:
+    environment = _lightning_environment()  # reads NODE_RANK and LOCAL_RANK, as Lightning will
+    node = environment.node_rank()
+    return Topology(int(os.environ[SIMULATED_NODE_ENV]), devices, Launcher.SIMULATED_NODE,
+                    node_rank=node, global_rank=node * devices + environment.local_rank())
 
 
 def free_port() -> int:
@@ -138,9 +181,11 @@ def check_master_port(topology: Topology) -> None:
     """A MASTER_PORT the user set must be free before we start ranks on it, or they would
     fail with "Address already in use" one by one; name who holds it."""
     port = os.environ.get("MASTER_PORT")
-    starts_ranks = topology.launcher in ("simulate", "lightning") and "LOCAL_RANK" not in os.environ
-    if not port or not starts_ranks:
+    if not port or not topology.launcher.starts_ranks:
         return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"MASTER_PORT {port!r} is not a TCP port: unset it (kosmoss picks a "
+                         "free one) or give a number from 1 to 65535")
     if not port_is_free(int(port)):
         raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
                          "process, or unset MASTER_PORT and kosmoss picks a free one")

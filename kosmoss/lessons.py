@@ -1,5 +1,6 @@
-"""The course: where its lessons ship, copying them into a working folder, and the two
-helpers the lessons share (finding a launcher script, running a command visibly).
+"""The course: where its lessons ship, copying them into a working folder, and the
+helpers the lessons share (finding a launcher script, running a command visibly, quieting
+Lightning's banners, the quick mode CI uses).
 
 The lessons are jupytext ``py:percent`` files in the repository's ``notebooks/``. A
 checkout (editable install) uses them in place; ``pip install .`` installs them, with the
@@ -8,24 +9,41 @@ launcher scripts they run, under ``<prefix>/share/kosmoss/lessons`` (setuptools
 record or the install scheme's data folder. Copying never replaces a file the learner
 changed: a manifest keeps the checksum of every file written, and only files still equal
 to what was written are updated.
+
+The learner's folder gets one notebook per lesson, the ``.ipynb`` (JupyterLab with
+jupytext would list a ``.py`` beside it as a second copy of the same lesson); without
+jupytext the ``.py`` source is copied instead. ``KOSMOSS_LESSON_QUICK=1`` (CI sets it)
+shortens the longest experiments; the lessons still compute and assert their verdicts.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import subprocess
 import sys
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from .errors import UsageError
 
-LESSON_GLOB = "[0-9][0-9]_*.py"
+LESSON_GLOB = "[0-9][0-9]*_*.py"  # 01_..., and 03b_... for a lesson placed after lesson 3
 SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
+# Files the lessons point to, copied beside them (a pip install has no repository to look in).
+COMPANIONS = ("docs/devices.md", "docs/horovod.md", "scripts/install_horovod.sh")
+QUICK_ENV = "KOSMOSS_LESSON_QUICK"
+NOTEBOOK_COLUMNS = 120  # what a JupyterLab output area shows without wrapping
+# Warnings a learner cannot act on; every other warning still shows, on one line.
+NOISE = (
+    ".*does not have many workers.*",  # the batched loader needs no worker processes
+    ".*LeafSpec.*is deprecated.*",  # Lightning 2.6 calling torch 2.13's deprecated API
+    ".*srun.*command is available.*",  # Slurm is installed but the lesson does not use it
+)
 SHARE = ("share", "kosmoss", "lessons")
 MANIFEST = ".kosmoss-lessons.json"
 
@@ -76,12 +94,35 @@ def script(name: str) -> Path:
     return here.resolve() if here.is_file() else source_root() / name
 
 
+def quick() -> bool:
+    """True when ``KOSMOSS_LESSON_QUICK`` is set (CI): the longest experiments run shorter."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def quiet_lightning() -> None:
+    """What a lesson's own Trainers print, reduced to what a learner should read: no
+    banners ("GPU available: ...") or adverts (Lightning's INFO log), no warnings nobody
+    can act on (``NOISE``), and every other warning on one line without a source excerpt."""
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in NOISE:
+        warnings.filterwarnings("ignore", pattern)
+    warnings.formatwarning = _one_line
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    return f"{category.__name__}: {message}\n"
+
+
 def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
        check: bool = True) -> subprocess.CompletedProcess:
-    """Run a command as a learner would type it: print it, stream its output, and raise
-    (with the exit code) if it fails, so a lesson never goes on past a broken step."""
+    """Run a command as a learner would type it: print it, stream its output (stderr in
+    order with stdout, tables as wide as a notebook), and raise (with the exit code) if it
+    fails, so a lesson never goes on past a broken step."""
     shown = ["python" if a == sys.executable else str(a) for a in args]
     print("$ " + " ".join(shown), flush=True)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("COLUMNS", str(NOTEBOOK_COLUMNS))  # rich sizes its tables from it
     proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
@@ -109,26 +150,45 @@ class Copied:
 
 
 def bundle(root: Path, notebook_converter=None) -> Dict[str, bytes]:
-    """Every file of the working folder and its content: the lessons as ``.py`` (and
-    ``.ipynb`` when ``notebook_converter`` is given) and the scripts they run."""
+    """Every file of the working folder and its content: each lesson once, as ``.ipynb``
+    when ``notebook_converter`` is given, else as its ``.py`` source; the scripts they run
+    and the documents they point to."""
     files = {}
     for lesson in lesson_sources(root):
-        files[lesson.name] = lesson.read_bytes()
-        if notebook_converter is not None:
+        if notebook_converter is None:
+            files[lesson.name] = lesson.read_bytes()
+        else:
             files[lesson.with_suffix(".ipynb").name] = notebook_converter(lesson)
-    for name in SCRIPTS:
+    for name in SCRIPTS + COMPANIONS:
         files[name] = (root / name).read_bytes()
     return files
 
 
 def to_ipynb(lesson: Path) -> bytes:
+    """The lesson as the notebook Jupyter would save: fixed cell ids and the kernel's
+    ``language_info``, so that opening it changes nothing (a notebook JupyterLab has to
+    complete opens as modified, and once saved it counts as the learner's)."""
     import jupytext
 
     notebook = jupytext.read(lesson)
     for index, cell in enumerate(notebook.cells):
         # nbformat draws random cell ids: fixed ones make the same lesson the same file.
         cell.id = f"cell-{index:03d}"
-    return jupytext.writes(notebook, fmt="ipynb").encode()
+    notebook.metadata["language_info"] = language_info()
+    text = jupytext.writes(notebook, fmt="ipynb")
+    return (text if text.endswith("\n") else text + "\n").encode()  # as nbformat.write ends it
+
+
+def language_info() -> dict:
+    """What this interpreter's kernel reports when it starts (ipykernel's own answer)."""
+    try:
+        from ipykernel.ipkernel import IPythonKernel
+    except ImportError:  # no kernel here to open the notebook anyway: the same keys, by hand
+        return {"name": "python", "version": sys.version.split()[0], "mimetype": "text/x-python",
+                "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+                "pygments_lexer": f"ipython{sys.version_info[0]}",
+                "nbconvert_exporter": "python", "file_extension": ".py"}
+    return dict(IPythonKernel.language_info)
 
 
 def copy_lessons(dest: Path, files: Dict[str, bytes]) -> List[Copied]:

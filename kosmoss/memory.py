@@ -13,6 +13,19 @@ import gc
 import sys
 from typing import Dict, Optional
 
+import psutil
+
+
+def peak_host_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (current RSS where the OS keeps
+    no peak)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return psutil.Process().memory_info().rss / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+
 
 def release_memory() -> Dict[str, Optional[int]]:
     """gc, then PyTorch's CUDA cache. Returns ``objects_collected``, ``cuda`` (whether CUDA

@@ -15,8 +15,10 @@ from torch import nn
 from torchmetrics import MeanSquaredError
 
 from .data.stats import Statistics
+from .defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from .scaling import warmup_factor
 
+EVAL_STAGES = ("val", "test")
 ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
@@ -39,9 +41,9 @@ class LitMLP(pl.LightningModule):
     def __init__(
         self,
         in_channels: int,
-        hidden_channels: Sequence[int] = (100, 100, 100),
+        hidden_channels: Sequence[int] = DEFAULT_HIDDEN,
         out_channels: int = 552,
-        lr: float = 1e-3,
+        lr: float = DEFAULT_LR,
         activation: str = "silu",
         stats: Optional[Statistics] = None,
         warmup_steps: int = 0,
@@ -54,16 +56,19 @@ class LitMLP(pl.LightningModule):
         self.save_hyperparameters(ignore=["stats"])
         self.net = mlp(in_channels, list(hidden_channels), out_channels, activation)
         self._register_stats(in_channels, out_channels, stats)
-        self.rmse_wm2 = nn.ModuleDict({s: MeanSquaredError(squared=False) for s in ("val", "test")})
+        # Sums and counts (torchmetrics states reduced with "sum"): exact under DDP whatever
+        # the world size, unlike a mean of per-rank means weighted by an all-reduced batch size.
+        self.mse = nn.ModuleDict({s: MeanSquaredError() for s in EVAL_STAGES})
+        self.rmse_wm2 = nn.ModuleDict({s: MeanSquaredError(squared=False) for s in EVAL_STAGES})
 
     def _register_stats(self, n_x: int, n_y: int, stats: Optional[Statistics]) -> None:
         # Without stats (e.g. load_from_checkpoint) the buffers are placeholders that the
         # checkpoint's state dict then fills in.
         values = {
             "x_mean": stats.x_mean if stats else torch.zeros(n_x),
-            "x_std": Statistics.safe_std(stats.x_std) if stats else torch.ones(n_x),
+            "x_std": stats.x_scale() if stats else torch.ones(n_x),
             "y_mean": stats.y_mean if stats else torch.zeros(n_y),
-            "y_std": Statistics.safe_std(stats.y_std) if stats else torch.ones(n_y),
+            "y_std": stats.y_scale() if stats else torch.ones(n_y),
         }
         for name, value in values.items():
             self.register_buffer(name, torch.as_tensor(value, dtype=torch.float32).clone())
@@ -83,16 +88,19 @@ class LitMLP(pl.LightningModule):
 
     def _common_step(self, batch, stage: str) -> torch.Tensor:
         x, y = batch
-        prediction = self.net(self.normalize_x(x))
-        loss = nn.functional.mse_loss(prediction, self.normalize_y(y))
+        # In place: the loader made this batch for this step alone, and (x - mean) / std
+        # would allocate two batch-sized temporaries per step (issue 19: page faults).
+        prediction = self.net(x.sub_(self.x_mean).div_(self.x_std))
+        target = self.normalize_y(y)
+        loss = nn.functional.mse_loss(prediction, target)
         if stage == "train":
-            if self._logs_this_step():
-                self.log("train_loss", loss, prog_bar=True, batch_size=len(x))
+            if self._logs_this_step():  # sync_dist: the mean over every rank, not rank 0's
+                self.log("train_loss", loss, prog_bar=True, sync_dist=True, batch_size=len(x))
             return loss
-        self.log(f"{stage}_loss", loss, prog_bar=True, sync_dist=True, batch_size=len(x))
-        metric = self.rmse_wm2[stage]
-        metric(self.denormalize_y(prediction), y)
-        self.log(f"{stage}_rmse_wm2", metric, batch_size=len(x))
+        self.mse[stage](prediction.float(), target)
+        self.rmse_wm2[stage](self.denormalize_y(prediction.float()), y)
+        self.log(f"{stage}_loss", self.mse[stage], prog_bar=True)
+        self.log(f"{stage}_rmse_wm2", self.rmse_wm2[stage])
         return loss
 
     def _logs_this_step(self) -> bool:

@@ -19,16 +19,18 @@ written atomically (a temporary file, then ``os.replace``).
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import psutil
+
+from .files import atomic_write_json
 
 RUN_ID_ENV = "KOSMOSS_RUN_ID"
 LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"
@@ -107,6 +109,11 @@ class Membership:
     owns_run_file: bool
     role: str
     previous_env: Dict[str, Optional[str]]
+    ending: List[str] = field(default_factory=lambda: [FINISHED], compare=False)
+
+    def stopped(self) -> None:
+        """The run stopped on a signal with a checkpoint: it ends ``stopped``."""
+        self.ending[0] = STOPPED
 
     @property
     def record_path(self) -> Path:
@@ -128,7 +135,7 @@ def process_record_path(run_dir: Path, pid: int, host: Optional[str] = None) -> 
 
 def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
     """Record this process as part of the run in ``run_dir`` (called once per process, by
-    :func:`kosmoss.run.train.run`). ``kind`` is the topology's launcher (single, lightning,
+    :func:`recorded`, around a run's training). ``kind`` is the topology's launcher (single, lightning,
     simulate, simulated-node, torchrun, slurm, ...)."""
     global _current
     run_dir = Path(run_dir)
@@ -141,8 +148,6 @@ def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
     else:  # the process the user started: it launches the run
         launcher, owner = me, True
     previous = {name: os.environ.get(name) for name in (RUN_ID_ENV, LAUNCHER_ENV)}
-    if previous[RUN_ID_ENV] == run_dir.name:  # set a moment ago by train._run_dir, not before
-        previous[RUN_ID_ENV] = None
     if owner:
         os.environ[RUN_ID_ENV] = run_dir.name
         os.environ[LAUNCHER_ENV] = LauncherMark(run_dir.name, me).encode()
@@ -150,9 +155,9 @@ def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
     membership = Membership(run_dir, me, launcher, owns_run_file=writes_run_file,
                             role="launcher" if kind == "simulate" else "rank",
                             previous_env=previous)
-    _write_json(membership.record_path, _process_record(membership, parent=_parent()))
+    atomic_write_json(membership.record_path, _process_record(membership, parent=_parent()))
     if membership.owns_run_file:
-        _write_json(run_dir / RUN_FILE, {
+        atomic_write_json(run_dir / RUN_FILE, {
             "run_id": run_dir.name, "host": hostname(), "kind": kind,
             "launcher": launcher.as_dict(), "master_port": _master_port(),
             "started_at": time.time(), "updated_at": time.time(), "ended_at": None,
@@ -185,21 +190,21 @@ def finish(state: str, error: Optional[str] = None) -> None:
                 os.environ[name] = value
 
 
-def tracked(run_function: Callable[..., dict]) -> Callable[..., dict]:
-    """Decorates :func:`kosmoss.run.train.run`: whatever way it ends, the records say so."""
-    @functools.wraps(run_function)
-    def run(*args, **kwargs) -> dict:
-        try:
-            result = run_function(*args, **kwargs)
-        except KeyboardInterrupt:
-            finish(STOPPED, "KeyboardInterrupt")
-            raise
-        except BaseException as err:
-            finish(FAILED, f"{type(err).__name__}: {err}"[:500])
-            raise
-        finish(STOPPED if result.get("stopped_by") else FINISHED)
-        return result
-    return run
+@contextlib.contextmanager
+def recorded(run_dir: Path, *, kind: str, global_rank: int = 0) -> Iterator[Membership]:
+    """This process's part of the run in ``run_dir``, from :func:`start` to :func:`finish`:
+    whatever way the block ends, the records say so. Call ``membership.stopped()`` inside
+    when the run was stopped by a signal (it ends ``stopped``, not ``finished``)."""
+    membership = start(run_dir, kind=kind, global_rank=global_rank)
+    try:
+        yield membership
+    except KeyboardInterrupt:
+        finish(STOPPED, "KeyboardInterrupt")
+        raise
+    except BaseException as err:
+        finish(FAILED, f"{type(err).__name__}: {err}"[:500])
+        raise
+    finish(membership.ending[0])
 
 
 def current() -> Optional[Membership]:
@@ -275,7 +280,7 @@ def _record_forked_child() -> None:
     try:
         child = replace(parent, me=ProcessId.of(os.getpid()), owns_run_file=False,
                         role="worker", previous_env={})
-        _write_json(child.record_path, _process_record(child, parent=parent.me))
+        atomic_write_json(child.record_path, _process_record(child, parent=parent.me))
         _current = child
     except Exception:  # never break a data worker over its record
         _current = None
@@ -291,17 +296,10 @@ def _int_env(*names: str) -> Optional[int]:
     return int(value) if value and value.lstrip("-").isdigit() else None
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _update_json(path: Path, **changes) -> None:
     data = _read_json(path)
     if data is not None:
-        _write_json(path, {**data, **changes})
+        atomic_write_json(path, {**data, **changes})
 
 
 def _read_json(path: Path) -> Optional[dict]:

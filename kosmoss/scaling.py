@@ -3,7 +3,8 @@ learning rate that goes with the effective batch.
 
 ``--lr`` is the rate tuned for ``base_batch_size`` (default: the per-device batch). With
 ``k = global batch / base batch``: ``linear`` multiplies it by k (Goyal et al. 2017),
-``sqrt`` by sqrt(k) (Krizhevsky 2014), ``none`` keeps it. ``warmup_steps`` ramps the rate
+``sqrt`` by sqrt(k) (argued by Hoffer et al. 2017; derived for Adam by Malladi et al.
+2022), ``none`` keeps it. ``warmup_steps`` ramps the rate
 linearly from the base rate to the scaled one (Goyal et al.'s gradual warm-up).
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
-from .errors import UsageError
+from .errors import ConfigError
 
 LR_RULES = ("none", "linear", "sqrt")
 
@@ -50,30 +51,30 @@ class ScalingPlan:
 
 def lr_factor(rule: str, k: float) -> float:
     if rule not in LR_RULES:
-        raise UsageError(f"--scale-lr {rule!r}: choose one of {', '.join(LR_RULES)}")
+        raise ConfigError("scale_lr", f"{{field}} {rule!r}: choose one of {', '.join(LR_RULES)}")
     return {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
 
 
 def plan(global_batch_size: int, base_lr: float, lr_rule: str = "none", *,
          num_nodes: int = 1, devices_per_node: int = 1,
          base_batch_size: Optional[int] = None, warmup_steps: int = 0) -> ScalingPlan:
-    """Check the numbers and derive the rest; raises :class:`UsageError` naming the flag."""
+    """Check the numbers and derive the rest; raises :class:`ConfigError` naming the field."""
     world = num_nodes * devices_per_node
     if global_batch_size < world:
-        raise UsageError(f"--batch-size {global_batch_size} is smaller than the world size "
+        raise ConfigError("batch_size", f"{{field}} {global_batch_size} is smaller than the world size "
                          f"{world}: give at least one sample per process")
     if global_batch_size % world:
         low = global_batch_size // world * world
-        raise UsageError(f"--batch-size {global_batch_size} is not divisible by the world size "
+        raise ConfigError("batch_size", f"{{field}} {global_batch_size} is not divisible by the world size "
                          f"{world}: use a multiple of {world}, e.g. {low} or {low + world}")
     if not base_lr > 0 or not math.isfinite(base_lr):
-        raise UsageError(f"--lr {base_lr}: the learning rate must be a number > 0")
+        raise ConfigError("lr", f"{{field}} {base_lr}: the learning rate must be a number > 0")
     per_device = global_batch_size // world
     base = per_device if base_batch_size is None else base_batch_size
     if base < 1:
-        raise UsageError(f"--base-batch-size {base}: must be >= 1")
+        raise ConfigError("base_batch_size", f"{{field}} {base}: must be >= 1")
     if warmup_steps < 0:
-        raise UsageError(f"--warmup-steps {warmup_steps}: must be >= 0")
+        raise ConfigError("warmup_steps", f"{{field}} {warmup_steps}: must be >= 0")
     factor = lr_factor(lr_rule, global_batch_size / base)
     return ScalingPlan(world, num_nodes, devices_per_node, global_batch_size, per_device,
                        base, base_lr, base_lr * factor, lr_rule, factor, warmup_steps)

@@ -34,7 +34,7 @@ def test_decision_table(setting, index, asks, count, gpu, chosen, n_warnings):
     ("offer", True, 0), ("none", True, 2), ("offer", False, 2), ("force", True, 0),
 ])
 def test_require_gpu_refuses_to_fall_back(setting, asks, count):
-    with pytest.raises(UsageError, match=r"^--require-gpu: .*run without --require-gpu"):
+    with pytest.raises(UsageError, match=r"^require_gpu: .*run without require_gpu"):
         decide(MachineGpu(setting), asks, require=True, gpu_count=count)
 
 
@@ -49,7 +49,7 @@ def test_unknown_machine_setting():
 
 def test_gpu_ids_per_local_rank():
     assert [gpu_for_local_rank(r, [3, 1]) for r in (0, 1)] == [3, 1]
-    with pytest.raises(UsageError, match="--gpu-ids 3,1: no id for local rank 2"):
+    with pytest.raises(UsageError, match="gpu_ids 3,1: no id for local rank 2"):
         gpu_for_local_rank(2, [3, 1])
 
 

@@ -6,7 +6,7 @@ import torch
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.data.store import open_dataset
 from kosmoss.model import LitMLP
-from kosmoss.run.train import mean_baseline_loss
+from kosmoss.run.report import mean_baseline_loss
 
 
 def _model(dataset, **kwargs):

@@ -37,6 +37,9 @@ def test_used_by_command_on_cpu_simulates_two_nodes(shared_home, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["world_size"], result["num_nodes"], result["devices_per_node"]) == (2, 2, 1)
+    # The global batch counts every node's ranks: a mutant that forgets the nodes fails here.
+    assert (result["global_batch_size"], result["per_device_batch_size"]) == (256, 128)
+    assert result["split_sizes"]["train"] // 256 + 1 == result["global_step"]
     assert (result["accelerator"], result["backend"]) == ("cpu", "gloo")
     assert any("GPU" in warning for warning in result["warnings"])
     assert result["replicas_identical"] and len(result["replica_checksums"]) == 2
@@ -96,7 +99,7 @@ def test_a_dead_node_ends_the_whole_run(shared_home):
 @pytest.mark.parametrize("args, names", [
     (["--gpus", "0"], "--gpus 0"),
     (["--num-nodes", "0"], "--num-nodes 0"),
-    (["--gpus", "2", "--gpu-ids", "0"], "--gpu-ids 0 names 1 GPU(s) but --gpus is 2"),
+    (["--gpus", "2", "--gpu-ids", "0"], "--gpu-ids 0 names 1 GPU(s) but 2 processes per node"),
     (["--gpu-ids", "1,1"], "--gpu-ids 1,1"),
     (["--gpu-ids", "a,b"], "--gpu-ids"),
     (["--strategy", "fsdp"], "--strategy"),
@@ -163,3 +166,5 @@ def test_bf16_mixed_runs_on_cpu_too(shared_home, tmp_path):
     result = json.loads(out.read_text())
     assert (result["precision"], result["accelerator"]) == ("bf16-mixed", "cpu")
     assert result["gpu_memory_fraction"] is None and result["test_loss"] is not None
+    # Autocast was really on: the first layer's output was bfloat16 (a forward hook saw it).
+    assert result["activation_dtype"] == "bfloat16"

@@ -23,10 +23,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..cli_support import OneLineParser
-from ..data.loading import FlattenedDataset, RankBatchSampler, split_indices
+from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
 from ..data.store import PreparedDataset, open_dataset
-
-SPLITS = (0.8, 0.1, 0.1)  # kosmoss.run.train.SPLITS, without importing Lightning here
+from ..memory import peak_host_rss_mib
+from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
+from ..model import LitMLP
+from ..throughput import StepClock
 WHAT = ("raw", "loader-course", "loader-kosmoss")
 LOADER_MIN_S = 1.0
 
@@ -49,57 +51,20 @@ class PerSampleMemmapDataset(Dataset):
         return torch.tensor(x), torch.tensor(y)
 
 
-class StepClock:
-    """ThroughputMeter's rule outside Lightning: samples/s over every step but the first,
-    intervals that contain validation left out, CUDA synchronised where one starts or ends."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.samples, self.elapsed = device, 0, 0.0
-        self.first_step_unix: Optional[float] = None
-        self._last: Optional[float] = None
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def step_done(self, samples: int) -> None:
-        now = self._now() if self._last is None else time.perf_counter()
-        if self.first_step_unix is None:
-            self.first_step_unix = time.time()
-        elif self._last is not None:
-            self.elapsed += now - self._last
-            self.samples += samples
-        self._last = now
-
-    def pause(self) -> None:
-        if self._last is not None and self.device.type == "cuda":
-            self.elapsed += self._now() - self._last
-        self._last = None
-
-    @property
-    def samples_per_s(self) -> Optional[float]:
-        return self.samples / self.elapsed if self.elapsed > 0 else None
-
-
 def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
              bf16: bool, seed: int) -> dict:
     """``steps`` timed steps after one warm-up step; returns the figures."""
-    from ..model import LitMLP
-    from ..run.config import RunConfig
-
-    defaults = RunConfig()
     train_idx, val_idx, _ = split_indices(prepared.n_samples, SPLITS, seed)
     data = FlattenedDataset(prepared)
     x, y = (t.to(device) for t in data.read(train_idx))
     val_x, val_y = (t.to(device) for t in data.read(val_idx))
     torch.manual_seed(seed)
-    model = LitMLP(prepared.n_x, defaults.hidden, prepared.n_y, lr=defaults.lr,
+    model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, lr=DEFAULT_LR,
                    stats=prepared.statistics()).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=defaults.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR)
     # Positions in x follow train_idx (sorted), so this is the batch order of a kosmoss run.
     sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=seed)
-    clock, curve, step = StepClock(device), [], 0
+    clock, curve, step = StepClock(), [], 0
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
     for epoch in range(steps + 1):
         sampler.set_epoch(epoch)
@@ -110,17 +75,17 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             idx = order[lo:hi]
             xb, yb = torch.index_select(x, 0, idx), torch.index_select(y, 0, idx)
-            with torch.autocast(**autocast):
-                loss = torch.nn.functional.mse_loss(model.net(model.normalize_x(xb)),
+            with torch.autocast(**autocast):  # the same in-place normalisation as LitMLP's step
+                loss = torch.nn.functional.mse_loss(model.net(xb.sub_(model.x_mean).div_(model.x_std)),
                                                     model.normalize_y(yb))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             step += 1
-            clock.step_done(int(hi - lo))
+            clock.step_done(int(hi - lo), device)
             if step == steps + 1:
                 break
-        clock.pause()
+        clock.pause(device)
         curve.append(_validate(model, val_x, val_y, batch_size, autocast, step))
         if step == steps + 1:
             break
@@ -131,7 +96,7 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
 @torch.no_grad()
 def _validate(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, autocast: dict,
               step: int) -> dict:
-    """Mean loss over the validation split, weighted by batch size as Lightning logs it."""
+    """Mean loss over the validation split: every element once, as LitMLP's metric sums it."""
     total = 0.0
     for start in range(0, len(x), batch_size):
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
@@ -166,8 +131,6 @@ def loader_rate(prepared: PreparedDataset, which: str, batch_size: int, batches:
 
 def measure(what: str, dataset: Path, batch_size: int, steps: int, device: str, bf16: bool,
             seed: int) -> dict:
-    from ..run.callbacks import peak_host_rss_mib
-
     target = torch.device(device)
     prepared = open_dataset(dataset, verify=False)
     if what == "raw":

@@ -4,6 +4,9 @@ to the limit, scaling efficiency, time to the target loss, and the checks.
 - ratio: a row's samples/s ÷ its ``versus`` row's (the raw loop on the same device and
   precision; for the batched loader, the course's loader); 1 for those references;
 - scaling efficiency of an N-rank row: its samples/s ÷ (N × its 1-rank row's);
+- predicted samples/s of a multi-rank DDP row: :mod:`kosmoss.projection`'s cost model fed
+  with the 1-rank row of the same run and a ``kosmoss comm`` measurement of the row's
+  topology taken by the bench; ``predicted_over_measured`` = predicted ÷ measured;
 - target loss of a device (cpu, gpu): ``TARGET_MARGIN`` × the final validation loss of
   that device's 1-process kosmoss row (median over repeats); time to target: wall time
   from launching the row's command until a validation reports ``val_loss <= target``
@@ -138,6 +141,15 @@ CHECKS: List[Check] = [
     Check("kosmoss on 1 GPU ÷ raw GPU loop (GPU-resident data)", ">= 0.80",
           lambda rows: _row_figure(rows, "kosmoss-gpu", "ratio"), lambda v: v >= 0.80,
           ("kosmoss-gpu", "raw-gpu")),
+    Check("predicted ÷ measured samples/s, ddp-cpu-2", "1 ± 0.25",
+          lambda rows: _row_figure(rows, "ddp-cpu-2", "predicted_over_measured"),
+          lambda v: abs(v - 1) <= 0.25, ("ddp-cpu-2", "kosmoss-cpu")),
+    Check("predicted ÷ measured samples/s, nodes-cpu-2x1", "1 ± 0.25",
+          lambda rows: _row_figure(rows, "nodes-cpu-2x1", "predicted_over_measured"),
+          lambda v: abs(v - 1) <= 0.25, ("nodes-cpu-2x1", "kosmoss-cpu")),
+    Check("predicted ÷ measured samples/s, nodes-gpu-2x1 (2 ranks share 1 GPU)", "1 ± 0.25",
+          lambda rows: _row_figure(rows, "nodes-gpu-2x1", "predicted_over_measured"),
+          lambda v: abs(v - 1) <= 0.25, ("nodes-gpu-2x1", "kosmoss-gpu")),
     Check("kosmoss bf16 on 1 GPU, large preset: samples/s", ">= 2,000,000",
           lambda rows: _row_figure(rows, "kosmoss-gpu-bf16", "samples_per_s"),
           lambda v: v >= 2_000_000, ("kosmoss-gpu-bf16",), large_only=True),
@@ -153,13 +165,18 @@ def checks(rows: Dict[str, dict], n_samples: int) -> List[dict]:
         if value is None:
             missing = [r for r in check.needs if rows.get(r, {}).get("status") != "measured"]
             note = "not measured: " + ", ".join(
-                f"{r} {rows[r]['status'] if r in rows else 'not selected'}" for r in missing)
+                f"{r} {rows[r]['status'] if r in rows else 'not selected'}" for r in missing) \
+                if missing else _why_no_figure(rows, check.needs[0])
         elif check.large_only and n_samples != LARGE_PRESET_SAMPLES:
             note = f"judged on the large preset only (this dataset: {n_samples:,} samples)"
         passed = None if note else bool(check.passes(value))
         found.append({"name": check.name, "value": value, "target": check.target,
                       "passed": passed, "note": note})
     return found
+
+
+def _why_no_figure(rows: Dict[str, dict], row_id: str) -> str:
+    return rows[row_id].get("prediction_note") or f"{row_id} has no figure for it"
 
 
 def build_row(setup: Setup, batch_size: int, measurements: List[dict],
@@ -176,3 +193,13 @@ def build_row(setup: Setup, batch_size: int, measurements: List[dict],
     return {**row, "status": "measured", "reason": None, "repeats": measurements,
             **summarize(measurements)}
 
+
+
+def attach_prediction(row: dict, predicted: Optional[dict], note: Optional[str] = None) -> None:
+    """Put a row's predicted figures beside its measured ones (in place); ``note`` says
+    why there is no prediction."""
+    samples = predicted["samples_per_s"] if predicted else None
+    row["predicted_samples_per_s"] = samples
+    row["predicted_over_measured"] = ratio(samples, row.get("samples_per_s"))
+    row["prediction"] = predicted
+    row["prediction_note"] = note

@@ -16,7 +16,8 @@ from .figures import TARGET_MARGIN
 
 OUTPUTS = ("bench.json", "bench.csv", "bench.png")
 CSV_COLUMNS = ("id", "label", "status", "reason", "device", "ranks", "precision", "batch_size",
-               "samples_per_s", "ratio", "versus", "scaling_efficiency", "time_to_first_step_s",
+               "samples_per_s", "predicted_samples_per_s", "predicted_over_measured",
+               "ratio", "versus", "scaling_efficiency", "time_to_first_step_s",
                "time_to_target_s", "target_reached", "val_loss", "peak_host_mib", "peak_gpu_mib")
 
 
@@ -34,15 +35,17 @@ def table(bench: dict) -> Group:
     rows = Table(title=f"kosmoss bench: {plan['dataset_name']} ({plan['n_samples']:,} samples), "
                        f"{plan['steps']} timed steps after 1 warm-up, median of {plan['repeats']}",
                  caption=_caption(bench), caption_justify="left")
-    for name in ("set-up", "ranks", "batch", "samples/s", "ratio", "vs", "eff.", "1st step s",
-                 "target s", "val_loss", "host MiB", "GPU MiB"):
+    for name in ("set-up", "ranks", "batch", "samples/s", "predicted", "pred/meas", "ratio", "vs",
+                 "eff.", "1st step s", "target s", "val_loss", "host MiB", "GPU MiB"):
         rows.add_column(name, justify="left" if name in ("set-up", "vs") else "right")
     for row in bench["rows"]:
         if row["status"] != "measured":
             continue
         rows.add_row(
             row["id"], str(row["ranks"]), str(row["batch_size"]),
-            _number(row["samples_per_s"]), _number(row.get("ratio"), "{:.2f}"),
+            _number(row["samples_per_s"]), _number(row.get("predicted_samples_per_s")),
+            _number(row.get("predicted_over_measured"), "{:.2f}"),
+            _number(row.get("ratio"), "{:.2f}"),
             row["versus"] or "", _number(row.get("scaling_efficiency"), "{:.2f}"),
             _number(row["time_to_first_step_s"], "{:.1f}"),
             _number(row.get("time_to_target_s"), "{:.1f}"),
@@ -56,6 +59,12 @@ def table(bench: dict) -> Group:
         for row in others:
             missing.add_row(row["id"], row["status"], row["reason"])
         parts.append(missing)
+    unpredicted = [r for r in bench["rows"] if r.get("prediction_note")]
+    if unpredicted:
+        notes = Table(title="not predicted", show_header=False, title_justify="left")
+        for row in unpredicted:
+            notes.add_row(row["id"], row["prediction_note"])
+        parts.append(notes)
     judged = Table(title="checks", title_justify="left")
     for name in ("check", "value", "target", "result"):
         judged.add_column(name, justify="left" if name in ("check", "result") else "right")
@@ -72,7 +81,9 @@ def _caption(bench: dict) -> str:
     goals = "; ".join(f"{device}: {t['val_loss']:.4g} ({TARGET_MARGIN} × {t['reference']})"
                       for device, t in bench["targets"].items())
     goals = goals or "none (no 1-process kosmoss row)"
-    return ("ratio: samples/s ÷ the vs row's. eff.: samples/s ÷ (ranks × the 1-rank row's). "
+    return ("predicted: kosmoss.projection's cost model from the 1-rank row and this bench's "
+            "kosmoss comm run (docs/scaling.md); pred/meas: predicted ÷ samples/s. "
+            "ratio: samples/s ÷ the vs row's. eff.: samples/s ÷ (ranks × the 1-rank row's). "
             "1st step / target s: seconds from launch to the end of the first training step / "
             f"to a validation with val_loss <= the target ({goals}). "
             "MiB: peak per rank.")
@@ -115,6 +126,7 @@ def write_png(bench: dict, path: Path) -> None:
     FigureCanvasAgg(figure)
     speed, share = figure.subplots(1, 2)
     _bars(speed, [r["id"] for r in measured], [r["samples_per_s"] for r in measured], "C0")
+    _predicted_marks(speed, measured)
     speed.set_xscale("log")
     speed.set_xlabel("samples/s (median, log scale)")
     speed.set_title("throughput")
@@ -133,6 +145,20 @@ def _bars(axes, labels: List[str], values: List[float], color: str) -> None:
     axes.barh(list(positions), values, color=color)
     axes.set_yticks(list(positions), labels)
     axes.invert_yaxis()
+
+
+def _predicted_marks(axes, rows: List[dict]) -> None:
+    """A diamond at each predicted samples/s, labelled with predicted ÷ measured."""
+    marks = [(k, r) for k, r in enumerate(rows) if r.get("predicted_samples_per_s")]
+    if not marks:
+        return
+    axes.plot([r["predicted_samples_per_s"] for _, r in marks], [k for k, _ in marks], "D",
+              color="C3", label="predicted (docs/scaling.md)")
+    for k, row in marks:
+        axes.annotate(f"pred/meas {row['predicted_over_measured']:.2f}",
+                      (row["predicted_samples_per_s"], k), textcoords="offset points",
+                      xytext=(6, -3), fontsize=8, color="C3")
+    axes.legend(loc="lower right", fontsize=8)
 
 
 def _grouped(axes, rows: List[dict]) -> None:

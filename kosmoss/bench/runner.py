@@ -1,19 +1,27 @@
-"""The whole bench: every selected set-up, repeats interleaved, then the figures.
+"""The whole bench: every selected set-up, repeats interleaved, then the figures, then
+the predicted figures of the multi-rank rows.
 
 Interleaving (repeat 1 of every row, then repeat 2, ...) makes a drift in the machine's
 load hit every row alike instead of one row's whole series.
+
+Prediction (:func:`predict_rows`): for each measured multi-rank DDP row, a short
+``kosmoss comm`` run of the row's topology (its ranks and simulated nodes, gloo, the
+row's device, sizes around the model's gradient buckets) and the 1-rank row measured in
+this bench feed :func:`kosmoss.projection.predict`.
 """
 from __future__ import annotations
 
+import json
 import shlex
+import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import figures
-from .measure import measure_once
-from .setups import Machine, Plan, Setup, skip_reason
+from .measure import measure_once, row_environment, run_logged
+from .setups import Machine, Plan, Setup, last_line, skip_reason
 
 TARGET_DEFINITION = (
     f"val_loss <= {figures.TARGET_MARGIN} x the final val_loss of the device's 1-process "
@@ -23,8 +31,10 @@ TARGET_DEFINITION = (
 
 
 def run_matrix(setups: Sequence[Setup], plan: Plan, machine: Machine, out_dir: Path,
-               echo: Callable[[str], None]) -> Dict[str, dict]:
-    """Measure every set-up that can run here ``plan.repeats`` times; rows by id."""
+               echo: Callable[[str], None],
+               between_rounds: Optional[Callable[[], None]] = None) -> Dict[str, dict]:
+    """Measure every set-up that can run here ``plan.repeats`` times; rows by id.
+    ``between_rounds`` runs after each round of repeats (the prediction's probes)."""
     skipped = {s.id: skip_reason(s, machine, plan) for s in setups}
     runnable = [s for s in setups if not skipped[s.id]]
     measurements: Dict[str, List[dict]] = {s.id: [] for s in runnable}
@@ -39,6 +49,8 @@ def run_matrix(setups: Sequence[Setup], plan: Plan, machine: Machine, out_dir: P
             measurement = measure_once(setup, plan, out_dir, repeat)
             done.append(measurement)
             echo(f"repeat {repeat + 1}/{plan.repeats} {setup.id}: {_progress(measurement)}")
+        if between_rounds is not None:
+            between_rounds()
     return {s.id: figures.build_row(s, plan.batch_for(s), measurements.get(s.id, []),
                                     skipped=skipped[s.id]) for s in setups}
 
@@ -58,8 +70,176 @@ def command_line() -> str:
     return " ".join([program, shlex.join(sys.argv[1:])])
 
 
+COMM_SIZES = (256 * 1024, 1024**2, 4 * 1024**2, 8 * 1024**2)  # and the model's buckets
+COMM_REPEATS = 15
+COMM_TIMEOUT_S = 300.0
+PREDICTION_MODEL = (
+    "kosmoss.projection: per-rank compute = the 1-rank row's step x (per-rank batch / "
+    "global batch) x (reference share / rank share), optimizer measured here and scaled by "
+    "the share; shares: on CPU the cores each has as they perform now (thread_speedup: "
+    "the 1-rank row's threads against each rank's, measured after the rows), on GPU 1/ranks "
+    "of the GPU the ranks share; + the all-reduce of DDP's buckets (alpha-beta fit of "
+    "this bench's kosmoss comm run of the row's topology), exposed after backward (no "
+    "overlap on CPU: the ranks fill every core)")
+
+
+class ThreadProbes:
+    """How many cores the 1-rank CPU row's threads are worth (thread_speedup), probed after
+    every round of repeats: on a host other processes also use, the figure swings with
+    their load, so it is taken as close in time to the row's own repeats as the bench can."""
+
+    def __init__(self, setups: Sequence[Setup], plan: Plan):
+        self.setups, self.plan = setups, plan
+        self.found: Dict[str, List[float]] = {}
+
+    def keys(self) -> List[Tuple[int, int]]:
+        from ..cpus import available_cores
+
+        cpu_rows = [s for s in self.setups if s.device == "cpu" and s.ranks > 1 and not s.horovod]
+        return [(self.plan.batch_size, available_cores())] if cpu_rows else []
+
+    def measure(self) -> None:
+        from ..data.store import open_dataset
+        from ..projection import thread_speedup
+
+        for batch, threads in self.keys():
+            prepared = open_dataset(self.plan.dataset, verify=False)
+            self.found.setdefault(probe_key(batch, threads), []).append(
+                thread_speedup(batch, threads, n_x=prepared.n_x, n_y=prepared.n_y))
+
+
+def probe_key(batch: int, threads: int) -> str:
+    return f"{threads} threads, batch {batch}"
+
+
+def predict_rows(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out_dir: Path,
+                 echo: Callable[[str], None],
+                 probes: Optional[Dict[str, List[float]]] = None) -> dict:
+    """Predicted figures of every measured multi-rank row (in place); what they came from.
+    ``probes``: thread speedups taken during the rows (ThreadProbes.found); a figure not
+    probed then is measured now."""
+    wanted = [s for s in setups if s.ranks > 1 and rows[s.id]["status"] == "measured"]
+    context: dict = {"model": PREDICTION_MODEL, "comm": {}, "profiles": {},
+                     "thread_speedup_probes": dict(probes or {})}
+    if not wanted:
+        return context
+    from ..data.store import open_dataset
+    from ..projection import mlp_shape
+
+    prepared = open_dataset(plan.dataset, verify=False)
+    shape = mlp_shape(prepared.n_x, n_y=prepared.n_y)
+    context["model_gradient_bytes"] = shape.gradient_bytes
+    for setup in wanted:
+        try:
+            predicted = _predict_row(setup, rows, plan, shape, out_dir, context, echo)
+            figures.attach_prediction(rows[setup.id], predicted)
+        except PredictionMissing as missing:
+            figures.attach_prediction(rows[setup.id], None, str(missing))
+    return context
+
+
+class PredictionMissing(Exception):
+    """Why a multi-rank row has no predicted figures."""
+
+
+def row_topology(setup: Setup) -> Tuple[int, int, str]:
+    """(ranks, simulated nodes, device) of a multi-rank row, from its command's flags."""
+    entry = list(setup.entry)
+    nodes = int(entry[entry.index("--num-nodes") + 1]) if "--num-nodes" in entry else 1
+    return setup.ranks, nodes, "cuda" if setup.device == "gpu" else "cpu"
+
+
+def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir: Path,
+                 context: dict, echo: Callable[[str], None]) -> dict:
+    from ..projection import Cluster, links_from_comm, predict, profile_from_reference
+
+    if setup.horovod:
+        raise PredictionMissing("Horovod: its fusion buffer and cycle time are not DDP's "
+                                "buckets; not modelled")
+    single = rows.get(setup.single or "", {})
+    if single.get("status") != "measured" or not single.get("samples_per_s"):
+        raise PredictionMissing(f"no measured 1-rank row ({setup.single}) in this bench")
+    ranks, nodes, device = row_topology(setup)
+    comm = _comm(setup, (ranks, nodes, device), shape, plan, out_dir, context, echo)
+    gpu = device == "cuda"
+    reference_share, rank_share = _shares(setup, rows, gpu, shape, context)
+    if setup.single not in context["profiles"]:
+        context["profiles"][setup.single] = profile_from_reference(
+            {"samples_per_s": single["samples_per_s"], "batch": single["batch_size"],
+             "device": device, "source": f"bench row {setup.single}"}, reference_share,
+            n_x=shape.n_x, n_y=shape.n_y)
+    profile = context["profiles"][setup.single]
+    intra, inter = links_from_comm(comm, "kosmoss comm in the bench")
+    cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,
+                      overlap=gpu, single_share=reference_share)
+    return predict(profile, shape, cluster, rows[setup.id]["batch_size"])
+
+
+def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,
+            context: dict) -> Tuple[float, float]:
+    """(what the 1-rank row had, what each rank has), in the same unit. GPU rows: the one
+    GPU the ranks share. CPU rows: cores as they perform now (thread_speedup), in units of
+    one thread: the 1-rank row's threads (Lightning gives a lone process every core)
+    against each rank's (this host's cores split over the ranks)."""
+    from ..cpus import available_cores, cores_per_process
+    from ..projection import thread_speedup
+
+    if gpu:
+        return 1.0, 1.0 / setup.ranks
+    speedups = context.setdefault("thread_speedup", {})
+
+    def speedup(batch: int, threads: int) -> float:
+        key = probe_key(batch, threads)
+        if key not in speedups:
+            probed = context["thread_speedup_probes"].get(key)
+            speedups[key] = statistics.median(probed) if probed else \
+                thread_speedup(batch, threads, n_x=shape.n_x, n_y=shape.n_y)
+        return speedups[key]
+
+    batch = rows[setup.id]["batch_size"]
+    return (speedup(batch, available_cores()),
+            speedup(batch // setup.ranks, cores_per_process(setup.ranks)))
+
+
+def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_dir: Path,
+          context: dict, echo: Callable[[str], None]) -> dict:
+    """The kosmoss comm measurement of this topology (one per topology per bench)."""
+    key = "{}x{}-{}".format(*topology)
+    if key in context["comm"]:
+        return context["comm"][key]["result"]
+    ranks, nodes, device = topology
+    folder, log = out_dir / "comm" / key, out_dir / "logs" / f"comm-{key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sizes = sorted(set(COMM_SIZES) | {size for size, _ in shape.buckets})
+    argv = [sys.executable, "-m", "kosmoss.commands.comm", "--ranks", str(ranks), "--nodes",
+            str(nodes), "--backend", "gloo", "--device", device, "--repeats", str(COMM_REPEATS),
+            "--out", str(folder), "--sizes", *map(str, sizes)]
+    echo(f"predict {setup.id}: kosmoss comm --ranks {ranks} --nodes {nodes} ({device})")
+    code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
+    if code != 0 or not (folder / "comm.json").is_file():
+        raise PredictionMissing(f"kosmoss comm failed ({'timed out' if code is None else code}): "
+                                f"{last_line(log.read_text())} (log: {log})")
+    result = json.loads((folder / "comm.json").read_text())
+    context["comm"][key] = {"comm_json": str(folder / "comm.json"), "result": result}
+    return result
+
+
+def prediction_summary(context: dict) -> dict:
+    """What bench.json keeps of the prediction's inputs (the comm results stay in comm/)."""
+    from dataclasses import asdict
+
+    return {"model": context["model"],
+            "model_gradient_bytes": context.get("model_gradient_bytes"),
+            "comm": {key: {"comm_json": c["comm_json"],
+                           "fits": {name: g["fit"] for name, g in c["result"]["groups"].items()}}
+                     for key, c in context["comm"].items()},
+            "profiles": {key: asdict(p) for key, p in context["profiles"].items()},
+            "thread_speedup": context.get("thread_speedup", {}),
+            "thread_speedup_probes": context.get("thread_speedup_probes", {})}
+
+
 def assemble(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out_dir: Path,
-             machine_facts: dict, quick: bool) -> dict:
+             machine_facts: dict, quick: bool, prediction: Optional[dict] = None) -> dict:
     """bench.json: what ran where, every row (skipped ones with their reason), the checks."""
     goals = figures.complete(setups, rows)
     return {
@@ -78,5 +258,6 @@ def assemble(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out_dir
         "target_definition": TARGET_DEFINITION,
         "targets": goals,
         "rows": [rows[s.id] for s in setups],
+        "prediction": prediction_summary(prediction) if prediction else None,
         "checks": figures.checks(rows, plan.n_samples),
     }

@@ -47,6 +47,7 @@ class Setup:
 # GPU loop's data is there too: the host-to-GPU copy would otherwise be what is measured).
 GPU_FLAGS = ("--require-gpu", "--mode", "device")
 HOROVOD = ("trainup_gpu.py", "--strategy", "horovod")
+HOROVOD_CPU = ("trainup_cpu.py", "--strategy", "horovod")  # every CPU row: trainup_cpu.py
 
 MATRIX: Tuple[Setup, ...] = (
     Setup("raw-cpu", "raw PyTorch loop, tensors in RAM (the limit)", "raw"),
@@ -56,9 +57,9 @@ MATRIX: Tuple[Setup, ...] = (
           single="kosmoss-cpu", entry=("trainup_cpu.py", "--num-processes", "2")),
     Setup("nodes-cpu-2x1", "kosmoss, 2 simulated nodes x 1 process, CPU", "kosmoss", ranks=2,
           versus="raw-cpu", single="kosmoss-cpu",
-          entry=("trainup_gpu.py", "--num-nodes", "2", "--gpus", "1")),
+          entry=("trainup_cpu.py", "--num-nodes", "2", "--num-processes", "1")),
     Setup("horovod-cpu-2", "kosmoss, Horovod (gloo), 2 CPU processes", "kosmoss", ranks=2,
-          horovod=True, versus="raw-cpu", single="kosmoss-cpu", entry=HOROVOD),
+          horovod=True, versus="raw-cpu", single="kosmoss-cpu", entry=HOROVOD_CPU),
     Setup("loader-course", "loader: the course's, one memmap opened per sample", "loader"),
     Setup("loader-kosmoss", "loader: kosmoss, batched reads", "loader", versus="loader-course"),
     Setup("raw-gpu", "raw PyTorch loop, tensors on the GPU (the limit)", "raw", device="gpu"),
@@ -221,5 +222,6 @@ def command(setup: Setup, plan: Plan, result_json: Path) -> List[str]:
 
 def environment(setup: Setup) -> Dict[str, str]:
     """Variables set for the row's process on top of the bench's own."""
-    # A CPU row on a GPU machine must not find the GPU (trainup_gpu.py would take it).
-    return {"CUDA_VISIBLE_DEVICES": ""} if setup.device == "cpu" else {}
+    # A CPU row stays on CPU through the one device policy, whatever the user's environment
+    # says about this machine (KOSMOSS_MACHINE_GPU=force would otherwise give it the GPU).
+    return {"KOSMOSS_MACHINE_GPU": "none"} if setup.device == "cpu" else {}

@@ -95,7 +95,7 @@ def bench_command(args: argparse.Namespace) -> None:
 def _run(args, chosen, out_dir: Path) -> None:
     from .. import environment
     from ..bench import report
-    from ..bench.runner import assemble, run_matrix
+    from ..bench.runner import ThreadProbes, assemble, predict_rows, run_matrix
 
     progress = Console(stderr=True, highlight=False)
 
@@ -106,8 +106,10 @@ def _run(args, chosen, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     echo(f"kosmoss bench: {len(chosen)} set-up(s), dataset {plan.dataset}, {plan.repeats} "
          f"repeat(s) of {plan.steps} timed steps; output in {out_dir}")
-    rows = run_matrix(chosen, plan, machine, out_dir, echo)
-    bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick)
+    probes = ThreadProbes(chosen, plan)
+    rows = run_matrix(chosen, plan, machine, out_dir, echo, between_rounds=probes.measure)
+    prediction = predict_rows(chosen, rows, plan, out_dir, echo, probes.found)
+    bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick, prediction)
     written = report.write_all(bench, out_dir)
     if args.json:
         print(json.dumps(bench, indent=2))

@@ -1,9 +1,21 @@
-"""``kosmoss data prepare`` and ``kosmoss data info``."""
+"""``kosmoss data prepare`` and ``kosmoss data info``.
+
+    kosmoss data prepare tiny                       # a preset, $KOSMOSS_HOME/data/tiny
+    kosmoss data prepare --columns 300 --seed 1     # -> data/synthetic-300col-137lev-seed1
+    kosmoss data prepare --source maelstrom --date 20200101 --patch 0 2
+    kosmoss data prepare tiny --force               # replace a (broken) kosmoss dataset
+    kosmoss data info [NAME|PATH] [--verify] [--json]
+
+The default name of a dataset spells out its request, so two requests never share a
+folder; a name given with ``--name`` is checked against the metadata.json already there.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 from rich.console import Console
@@ -13,30 +25,36 @@ from rich.table import Table
 from .. import paths
 from ..cli_support import OneLineParser, command_main
 from ..data import presets
+from ..data.presets import DEFAULT_LEVELS, DEFAULT_SEED, DEFAULT_SHARD_SIZE
 from ..data.sources import SyntheticSource
-from ..data.store import open_dataset, prepare
+from ..data.store import clean_leftovers, open_dataset, prepare
 from ..errors import UsageError
 
 HELP = "prepare and inspect datasets"
+SYNTHETIC_FLAGS = {"columns": "--columns", "levels": "--levels", "seed": "--seed"}
+MAELSTROM_FLAGS = {"date": "--date", "timestep": "--timestep", "patch": "--patch"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
     prep = actions.add_parser("prepare", help="write a dataset (synthetic or MAELSTROM)")
-    prep.add_argument("preset", nargs="?", default=presets.DEFAULT_PRESET,
-                      help=f"one of {', '.join(presets.PRESETS)} (default %(default)s); "
-                           "ignored with --columns or --source maelstrom")
+    prep.add_argument("preset", nargs="?",
+                      help=f"one of {', '.join(presets.PRESETS)} (default "
+                           f"{presets.DEFAULT_PRESET}); --levels, --seed, --shard-size change it")
     prep.add_argument("--columns", type=int, help="explicit number of synthetic columns")
-    prep.add_argument("--levels", type=int, default=137, help="model levels (default 137)")
-    prep.add_argument("--seed", type=int, default=42)
-    prep.add_argument("--shard-size", type=int, default=4096, help="columns per shard")
-    prep.add_argument("--name", help="dataset name under $KOSMOSS_HOME/data")
+    prep.add_argument("--levels", type=int, help=f"model levels (default {DEFAULT_LEVELS})")
+    prep.add_argument("--seed", type=int, help=f"synthetic seed (default {DEFAULT_SEED})")
+    prep.add_argument("--shard-size", type=int,
+                      help=f"columns per shard (default: the preset's, else {DEFAULT_SHARD_SIZE})")
+    prep.add_argument("--name", help="dataset name under $KOSMOSS_HOME/data "
+                                     "(default: spelled out from the request)")
     prep.add_argument("--out", type=Path, help="write to this folder instead")
     prep.add_argument("--source", choices=("synthetic", "maelstrom"), default="synthetic")
-    prep.add_argument("--date", default="20200101", help="maelstrom: forecast start date")
-    prep.add_argument("--timestep", type=int, default=0, help="maelstrom: timestep")
-    prep.add_argument("--patch", type=int, nargs="+", default=[0], help="maelstrom: patches")
-    prep.add_argument("--force", action="store_true", help="replace an existing dataset")
+    prep.add_argument("--date", help="maelstrom: forecast start date YYYYMMDD (default 20200101)")
+    prep.add_argument("--timestep", type=int, help="maelstrom: timestep (default 0)")
+    prep.add_argument("--patch", type=int, nargs="+", help="maelstrom: patches (default 0)")
+    prep.add_argument("--force", action="store_true",
+                      help="replace an existing kosmoss dataset (never any other folder)")
     prep.set_defaults(command=prepare_command)
     info = actions.add_parser("info", help="what datasets there are, or one in detail")
     info.add_argument("dataset", nargs="?", help="preset name or folder (default: list all)")
@@ -50,44 +68,125 @@ def register(subparsers) -> None:
     add_arguments(parser)
 
 
-def _source_and_dest(args: argparse.Namespace):
-    if args.source == "maelstrom":
-        from ..data.maelstrom import MaelstromSource
+# ---------------------------------------------------------------- what was asked
 
-        source = MaelstromSource(date=args.date, timestep=args.timestep, patch=args.patch)
-        name = args.name or f"maelstrom-{args.date}-{args.timestep}"
-        return source, name, args.shard_size
+
+def _refuse(args: argparse.Namespace, flags: dict, why: str) -> None:
+    for attribute, flag in flags.items():
+        if getattr(args, attribute) is not None:
+            raise UsageError(f"{flag}: {why}")
+
+
+def _at_least(value, minimum: int, flag: str):
+    if value is not None and value < minimum:
+        raise UsageError(f"{flag} {value}: must be >= {minimum}")
+    return value
+
+
+def _request(args: argparse.Namespace):
+    """(source, default name, shard size) of what the flags ask for."""
+    _at_least(args.shard_size, 1, "--shard-size")
+    if args.source == "maelstrom":
+        return _maelstrom_request(args)
+    _refuse(args, MAELSTROM_FLAGS, "only with --source maelstrom")
+    _at_least(args.columns, 1, "--columns")
+    _at_least(args.levels, 2, "--levels")
     if args.columns is not None:
-        if args.columns < 1:
-            raise UsageError(f"--columns {args.columns}: must be >= 1")
-        if args.levels < 2:
-            raise UsageError(f"--levels {args.levels}: must be >= 2")
-        if args.shard_size < 1:
-            raise UsageError(f"--shard-size {args.shard_size}: must be >= 1")
-        source = SyntheticSource(args.columns, seed=args.seed, levels=args.levels)
-        return source, args.name or f"synthetic-{args.columns}", args.shard_size
-    if args.preset not in presets.PRESETS:
-        raise UsageError(f"unknown preset {args.preset!r}: choose one of "
+        if args.preset is not None:
+            raise UsageError(f"--columns and preset {args.preset!r}: give one of them")
+        return _synthetic_request(args.columns, args.levels, args.seed, args.shard_size)
+    return _preset_request(args)
+
+
+def _synthetic_request(columns, levels, seed, shard_size):
+    levels = DEFAULT_LEVELS if levels is None else levels
+    seed = DEFAULT_SEED if seed is None else seed
+    shard_size = shard_size or DEFAULT_SHARD_SIZE
+    name = f"synthetic-{columns}col-{levels}lev-seed{seed}" + _shard_suffix(shard_size)
+    return SyntheticSource(columns, seed=seed, levels=levels), name, shard_size
+
+
+def _preset_request(args: argparse.Namespace):
+    name = args.preset or presets.DEFAULT_PRESET
+    if name not in presets.PRESETS:
+        raise UsageError(f"unknown preset {name!r}: choose one of "
                          f"{', '.join(presets.PRESETS)} or give --columns N")
-    preset = presets.PRESETS[args.preset]
-    return preset.source(), args.name or preset.name, preset.shard_size
+    preset = presets.PRESETS[name]
+    given = {"lev": args.levels, "seed": args.seed, "shard": args.shard_size}
+    defaults = {"lev": preset.levels, "seed": preset.seed, "shard": preset.shard_size}
+    changed = {key: value for key, value in given.items() if value not in (None, defaults[key])}
+    if not changed:
+        return preset.source(), preset.name, preset.shard_size
+    asked = {**defaults, **changed}
+    source = SyntheticSource(preset.n_columns, seed=asked["seed"], levels=asked["lev"])
+    suffix = "".join(f"-{key}{value}" for key, value in changed.items())
+    return source, f"{preset.name}{suffix}", asked["shard"]
+
+
+def _maelstrom_request(args: argparse.Namespace):
+    from ..data.maelstrom import INSTALL_HINT, PLUGIN, MaelstromSource
+
+    _refuse(args, SYNTHETIC_FLAGS, "synthetic data only; MAELSTROM columns come as they are")
+    if args.preset is not None:
+        raise UsageError(f"preset {args.preset!r}: synthetic data only; drop it with "
+                         "--source maelstrom")
+    date = args.date or "20200101"
+    if not re.fullmatch(r"\d{8}", date):
+        raise UsageError(f"--date {date}: give the forecast start date as YYYYMMDD")
+    timestep = _at_least(args.timestep, 0, "--timestep") or 0
+    patches = args.patch or [0]
+    for patch in patches:
+        _at_least(patch, 0, "--patch")
+    shard_size = args.shard_size or DEFAULT_SHARD_SIZE
+    if not (find_spec("climetlab") and find_spec(PLUGIN.replace("-", "_"))):
+        # before anything is written: the data is only read once preparation has begun
+        raise UsageError(f"--source maelstrom: maelstrom data needs climetlab and {PLUGIN}: "
+                         f"{INSTALL_HINT}")
+    source = MaelstromSource(date=date, timestep=timestep, patch=patches)
+    name = (f"maelstrom-{date}-t{timestep}-p{'-'.join(map(str, patches))}"
+            + _shard_suffix(shard_size))
+    return source, name, shard_size
+
+
+def _shard_suffix(shard_size: int) -> str:
+    return "" if shard_size == DEFAULT_SHARD_SIZE else f"-shard{shard_size}"
+
+
+def _destination(args: argparse.Namespace, default_name: str) -> Path:
+    if args.out is not None:
+        if args.name is not None:
+            raise UsageError(f"--name {args.name} and --out {args.out}: give one of them")
+        return args.out
+    return paths.data_root() / presets.check_name(args.name or default_name)
+
+
+# ---------------------------------------------------------------- commands
 
 
 def prepare_command(args: argparse.Namespace) -> None:
-    source, name, shard_size = _source_and_dest(args)
-    dest = args.out or paths.data_root() / name
+    source, default_name, shard_size = _request(args)
+    dest = _destination(args, default_name)
     console = Console(stderr=True)
+    # Off when stderr is not a terminal: its last refresh would add a blank line to errors.
+    bar = Progress(console=console, transient=True, disable=not console.is_terminal)
     try:
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"preparing {name}", total=source.n_columns)
+        with bar as progress:
+            task = progress.add_task(f"preparing {dest.name}", total=None)
             dataset = prepare(
-                source, Path(dest), shard_size, force=args.force,
-                on_shard=lambda done, total: progress.update(task, completed=done),
+                source, dest, shard_size, force=args.force,
+                log=lambda line: progress.console.print(line, soft_wrap=True, markup=False,
+                                                        highlight=False),
+                on_shard=lambda done, total: progress.update(task, completed=done, total=total),
             )
     except ImportError as err:  # the optional [maelstrom] extra is missing
         raise UsageError(f"--source {args.source}: {err}") from None
-    print(f"{dataset.path}: {dataset.n_samples} columns, x {dataset.n_x} / y {dataset.n_y} "
-          f"features, {len(dataset.shards)} shards")
+    summary = (f"{dataset.n_samples} columns, x {dataset.n_x} / y {dataset.n_y} features, "
+               f"{len(dataset.shards)} shards")
+    if dataset.reused:
+        print(f"{dataset.path}: reused, already prepared from this request ({summary}); "
+              "--force prepares it again")
+    else:
+        print(f"{dataset.path}: {summary}")
 
 
 def _describe(dataset) -> dict:
@@ -96,7 +195,9 @@ def _describe(dataset) -> dict:
     return {"path": str(dataset.path), "name": meta["name"], "n_samples": dataset.n_samples,
             "n_x": dataset.n_x, "n_y": dataset.n_y, "levels": meta["schema"]["levels"],
             "shards": len(dataset.shards), "dtype": meta["dtype"], "bytes": size,
-            "source": meta["source"], "created": meta["created"]}
+            "constant_x": int(dataset.statistics().x_constant().sum()),
+            "source": meta["source"], "shard_size": meta.get("shard_size"),
+            "created": meta["created"]}
 
 
 def _all_datasets() -> list:
@@ -112,7 +213,20 @@ def _all_datasets() -> list:
     return found
 
 
+def _report_leftovers(spec) -> None:
+    # A preparation killed outright leaves its working folder: say so, and free the space.
+    if spec is None:
+        lines = clean_leftovers(paths.data_root())
+    else:
+        folder = Path(spec).expanduser() if presets.looks_like_path(spec) \
+            else paths.data_root() / spec
+        lines = clean_leftovers(folder.parent, folder.name)
+    for line in lines:
+        print(f"kosmoss data: {line}", file=sys.stderr)
+
+
 def info_command(args: argparse.Namespace) -> None:
+    _report_leftovers(args.dataset)
     if args.dataset:
         items = [_describe(presets.resolve(args.dataset, prepare_missing=False,
                                            verify=args.verify, flag="dataset"))]
@@ -122,7 +236,8 @@ def info_command(args: argparse.Namespace) -> None:
         print(json.dumps(items, indent=2))
         return
     table = Table(title=f"datasets in {paths.data_root()}" if not args.dataset else None)
-    for column in ("name", "columns", "levels", "x / y", "shards", "size", "source"):
+    table.add_column("name", overflow="fold")  # default names spell out the request: long
+    for column in ("columns", "levels", "x / y", "shards", "size", "source"):
         table.add_column(column)
     for item in items:
         if "error" in item:

@@ -4,6 +4,7 @@
     kosmoss ghosts --port 29500         # who holds port 29500, and is it a ghost?
     kosmoss ghosts --kill               # end the ghosts of your kosmoss runs
     kosmoss ghosts --kill --pid 4242    # end this process of yours, kosmoss or not
+    kosmoss ghosts --stacks             # and where each one is stuck (py-spy), before --kill
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cli_support import command_main
-from ..errors import RunFailed
+from ..errors import RunFailed, UsageError
 from ..ghosts import (DEFAULT_GRACE_S, Ghost, check_grace, end_ghosts, find_ghosts,
                       human_bytes, port_is_free)
 
@@ -37,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "run started it, if it is yours")
     parser.add_argument("--port", type=int, metavar="N",
                         help="only the processes listening on TCP port N")
+    parser.add_argument("--stacks", action="store_true",
+                        help="show where each one is (its Python stack, read with py-spy)")
     parser.set_defaults(command=ghosts_command)
 
 
@@ -46,12 +49,19 @@ def register(subparsers) -> None:
 
 def ghosts_command(args: argparse.Namespace) -> None:
     check_grace(args.grace)  # before anything is looked at, let alone ended
+    if args.stacks:
+        from ..diagnose.stacks import find_py_spy
+
+        find_py_spy()
     ghosts = find_ghosts(port=args.port, pids=args.pid)
+    stacks = _stacks(ghosts) if args.stacks else {}  # before --kill ends them
     report = end_ghosts(ghosts, args.grace) if args.kill else None
     if args.json:
-        print(json.dumps([ghost.as_dict() for ghost in ghosts], indent=2))
+        print(json.dumps([{**ghost.as_dict(), **_stack_json(stacks.get(ghost.pid))}
+                          for ghost in ghosts], indent=2))
     else:
         _print_table(ghosts, args)
+        _print_stacks(ghosts, stacks)
     if report is not None:
         print(report.summary(), file=sys.stderr if args.json else sys.stdout)
         if report.survived:
@@ -73,8 +83,10 @@ def _print_table(ghosts, args: argparse.Namespace) -> None:
     for column in ("pid", "user", "why, and the command", "holds", "--kill"):
         table.add_column(column, overflow="fold")
     for ghost in ghosts:
-        table.add_row(str(ghost.pid), ghost.user,
-                      Text(f"{ghost.kind}: {ghost.reason}\n").append(ghost.command[:120], "dim"),
+        why = Text(f"{ghost.kind}: {ghost.reason}\n")
+        for cause in ghost.causes:
+            why.append(f"- {cause}\n", "bold")
+        table.add_row(str(ghost.pid), ghost.user, why.append(ghost.command[:120], "dim"),
                       _holds(ghost), _fate(ghost))
     console.print(table)
     killable = sum(ghost.killable for ghost in ghosts)
@@ -84,6 +96,41 @@ def _print_table(ghosts, args: argparse.Namespace) -> None:
     elif not args.kill:
         console.print("dry run: none of these is a ghost of your kosmoss runs; "
                       "`kosmoss ghosts --kill --pid PID` ends a process of yours")
+
+
+def _stacks(ghosts) -> dict:
+    """pid -> its stacks, read with py-spy (a ghost that is not Python, or not ours to trace,
+    gets the reason as its error)."""
+    from ..diagnose.runs import RunProcess
+    from ..diagnose.stacks import ProcessStacks, StackError, dump
+
+    found = {}
+    for ghost in ghosts:
+        member = RunProcess(ghost.pid, ghost.create_time, "process", None, f"pid {ghost.pid}")
+        try:
+            found[ghost.pid] = ProcessStacks(member, dump(ghost.pid))
+        except (StackError, UsageError) as err:
+            found[ghost.pid] = ProcessStacks(member, error=str(err))
+    return found
+
+
+def _stack_json(stacks) -> dict:
+    if stacks is None:
+        return {}
+    from ..diagnose.stacks import describe
+
+    return {"stack": describe(stacks)[0] if not stacks.error else None,
+            "stack_error": stacks.error, "threads": [t.as_dict() for t in stacks.threads]}
+
+
+def _print_stacks(ghosts, stacks: dict) -> None:
+    from ..diagnose.stacks import describe, thread_lines
+
+    for ghost in ghosts:
+        found = stacks.get(ghost.pid)
+        if found is not None:
+            print("\n".join([f"\npid {ghost.pid} ({ghost.kind}): {describe(found)[0]}",
+                             *thread_lines(found)]))
 
 
 def _holds(ghost: Ghost) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cli_support import command_main
 
-HELP = "copy the eight lessons (notebooks and the scripts they run) into a working folder"
+HELP = "copy the lessons (notebooks, the scripts they run, the documents they cite) into a working folder"
 DEFAULT_DEST = Path("kosmoss-lessons")
 INSTALL_HINT = 'pip install "kosmoss[lessons]"'
 
@@ -40,7 +40,8 @@ def lessons_command(args: argparse.Namespace) -> None:
             print(f"  kept {item.name}: you changed it; move it away and run again to get "
                   "the shipped version")
     if not has_jupytext:
-        print(f"  no .ipynb written: jupytext is missing ({INSTALL_HINT}, then run again)")
+        print(f"  no .ipynb written, the .py sources instead: jupytext is missing ({INSTALL_HINT}, "
+              "then run again)")
     _print_how_to_open(args.dest)
 
 

@@ -5,14 +5,15 @@ import argparse
 import sys
 
 from ..cli_support import command_main
-from ..run.flags import add_run_flags, config_from_args
+from ..devices import MachineGpu
+from ..run.flags import add_run_flags, config_from_args, flag_names
 
-HELP = "train the MLP on CPU (1 process, or DDP over gloo)"
+HELP = "train the MLP on CPU (1 process, DDP over gloo, simulated nodes, or Horovod)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_flags(parser)
-    parser.set_defaults(command=train_command)
+    parser.set_defaults(command=train_command, flag_names=flag_names())
 
 
 def register(subparsers) -> None:
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
 def train_command(args: argparse.Namespace) -> None:
     from ..run import run  # Lightning is slow to import; only this command needs it
 
-    run(config_from_args(args, machine_gpu="none", use_gpu=False))
+    run(config_from_args(args, machine=MachineGpu.from_environment("none"), use_gpu=False))
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from .loading import FlattenedDataset, RankBatchSampler, split_indices
+from .loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
 from .store import PreparedDataset, open_dataset
 
 STAGES = ("train", "val", "test")
@@ -43,7 +43,7 @@ class FlattenedDataModule(pl.LightningDataModule):
         dataset: PreparedDataset | str | Path,
         batch_size: int = 256,
         mode: str = "efficient",
-        splits: Sequence[float] = (0.8, 0.1, 0.1),
+        splits: Sequence[float] = SPLITS,
         seed: int = 42,
         num_workers: int = 0,
     ):

@@ -1,32 +1,50 @@
 """Prepared datasets on disk: shards of flattened ``x``/``y`` plus metadata and statistics.
 
+    kosmoss data prepare tiny                  # $KOSMOSS_HOME/data/tiny
+    kosmoss data prepare --columns 300 --levels 6 --name mini
+    kosmoss data info                          # lists them; reports and removes leftovers
+    kosmoss data info mini --verify            # hashes every file
+
 Layout of ``<dataset>/``::
 
     metadata.json          schema, shapes, dtype, shard sizes, checksums, source, seed
     stats.npz              per-feature mean/std of x and y (streaming, float64)
     x_00000.npy y_00000.npy ...
 
-A dataset is written into a hidden sibling folder and renamed into place, so an
-interrupted preparation never leaves a folder that loads. Opening checks every shard
-against the metadata and names the first one that does not match.
+A dataset is written into a hidden sibling ``.NAME.tmp-PID@HOST-XXXXXXXX`` and renamed
+into place, so an interrupted preparation never leaves a folder that loads. One killed
+outright (``kill -9``) leaves that folder behind: the next preparation of NAME and
+``kosmoss data info`` report it and remove it once its writer process is gone.
+
+metadata.json keeps the request (the source's description and the shard size): asking
+for a name again with another request is an error naming the difference, never a silent
+reuse; ``force`` replaces only a folder that is a kosmoss dataset. Opening checks every
+shard and the statistics against the metadata and names the first file that does not
+match, with the command that prepares it again.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import numpy as np
+import psutil
 
 from ..errors import DatasetError
+from ..files import atomic_write_json
 from .schema import ColumnSchema
 from .sources import ColumnSource
 from .stats import RunningMoments, Statistics
@@ -39,6 +57,10 @@ METADATA_FILE = "metadata.json"
 VERIFIED_FILE = ".verified.json"
 STATS_FILE = "stats.npz"
 DTYPE = np.float32
+# The same request read by a newer plugin release is still the same request.
+VOLATILE_SOURCE_KEYS = ("plugin_version",)
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:@(?P<host>[^/]+))?"
+                      r"-[0-9a-f]{8}$")
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,7 @@ class PreparedDataset:
 
     path: Path
     metadata: dict
+    reused: bool = dataclasses.field(default=False, compare=False)  # by prepare(): already there
 
     @property
     def schema(self) -> ColumnSchema:
@@ -86,6 +109,49 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+# ---------------------------------------------------------------- requests
+
+
+def request_of(source: ColumnSource, shard_size: int) -> dict:
+    """What decides a dataset's content: the source's description and the shard size
+    (synthetic shard ``k`` is seeded by ``(seed, k)``)."""
+    return _plain({"source": source.describe(), "shard_size": shard_size})
+
+
+def stored_request(metadata: dict) -> dict:
+    return _plain({"source": metadata.get("source", {}), "shard_size": metadata.get("shard_size")})
+
+
+def request_difference(metadata: dict, request: dict) -> str:
+    """'' when a dataset's metadata holds ``request``, else what differs, e.g.
+    ``seed 1 (asked 2)``."""
+    held, asked = _flatten(stored_request(metadata)), _flatten(_plain(request))
+    return ", ".join(f"{key} {_show(held.get(key))} (asked {_show(asked.get(key))})"
+                     for key in sorted(set(held) | set(asked)) if held.get(key) != asked.get(key))
+
+
+def _plain(request: dict) -> dict:
+    # JSON round trip: tuples become lists, as they are once read back from metadata.json
+    plain = json.loads(json.dumps(request))
+    for key in VOLATILE_SOURCE_KEYS:
+        plain.get("source", {}).pop(key, None)
+    return plain
+
+
+def _flatten(tree: dict) -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value))
+        else:
+            flat["source" if key == "name" else key] = value
+    return flat
+
+
+def _show(value) -> str:
+    return "-" if value is None else json.dumps(value)
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -96,15 +162,23 @@ def prepare(
     *,
     force: bool = False,
     on_shard: Optional[Callable[[int, int], None]] = None,
+    log: Optional[Callable[[str], None]] = None,
 ) -> PreparedDataset:
-    """Write ``source`` as a dataset at ``dest``; returns it. An existing complete dataset
-    is kept as it is unless ``force``; an existing folder that is not one is never touched."""
+    """Write ``source`` as a dataset at ``dest``; returns it. A dataset already there from
+    the same request is reused (``reused`` set); one from another request is an error
+    unless ``force``; a folder that is not a kosmoss dataset is never touched."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    request = request_of(source, shard_size)
     with _lock(dest):
-        if dest.exists() and not force:
-            return _existing(dest)
-        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        for line in clean_leftovers(dest.parent, dest.name):
+            if log:
+                log(line)
+        if _occupied(dest):
+            if not force:
+                return _reuse(dest, request)
+            _check_replaceable(dest)
+        tmp = _aside(dest, "tmp")
         try:
             _write(source, tmp, shard_size, dest.name, on_shard)
             _swap_into_place(tmp, dest)
@@ -113,12 +187,37 @@ def prepare(
     return open_dataset(dest, verify=False)
 
 
-def _existing(dest: Path) -> PreparedDataset:
+def is_kosmoss_dataset(folder: Path) -> bool:
+    """Whether ``folder`` holds a metadata.json written by kosmoss (complete or not)."""
     try:
-        return open_dataset(dest, verify=False)
-    except DatasetError as err:
-        raise DatasetError(f"{dest} exists but is not a usable dataset ({err}); "
-                           "move it away or pass --force to replace it") from None
+        metadata = json.loads((Path(folder) / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(metadata, dict) and metadata.get("format") == FORMAT
+
+
+def _occupied(dest: Path) -> bool:
+    # An empty folder holds nothing to lose: the new dataset is renamed over it.
+    return dest.exists() and not (dest.is_dir() and not any(dest.iterdir()))
+
+
+def _reuse(dest: Path, request: dict) -> PreparedDataset:
+    if not is_kosmoss_dataset(dest):
+        raise DatasetError(f"{dest}: exists and is not a kosmoss dataset (no kosmoss "
+                           f"{METADATA_FILE}); nothing changed: choose another name or folder")
+    dataset = open_dataset(dest, verify=False)
+    difference = request_difference(dataset.metadata, request)
+    if difference:
+        raise DatasetError(f"{dest}: holds another dataset: {difference}; choose another "
+                           "name, or add --force to replace it")
+    return dataclasses.replace(dataset, reused=True)
+
+
+def _check_replaceable(dest: Path) -> None:
+    if not is_kosmoss_dataset(dest):
+        raise DatasetError(f"{dest}: not a kosmoss dataset (no kosmoss {METADATA_FILE}), so "
+                           "--force does not replace it; nothing deleted: choose another "
+                           "name or folder")
 
 
 @contextlib.contextmanager
@@ -130,6 +229,12 @@ def _lock(dest: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _aside(dest: Path, kind: str) -> Path:
+    # The writer's pid and host in the name tell a later cleaner whether it is still at work.
+    writer = f"{os.getpid()}@{socket.gethostname()}"
+    return dest.parent / f".{dest.name}.{kind}-{writer}-{uuid.uuid4().hex[:8]}"
 
 
 def _write(source: ColumnSource, folder: Path, shard_size: int, name: str, on_shard) -> None:
@@ -169,7 +274,7 @@ def _write(source: ColumnSource, folder: Path, shard_size: int, name: str, on_sh
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     # metadata.json is written last: a folder without it is never a dataset.
-    (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    atomic_write_json(folder / METADATA_FILE, metadata)
 
 
 def _write_shard(folder: Path, index: int, x: np.ndarray, y: np.ndarray) -> Shard:
@@ -180,13 +285,73 @@ def _write_shard(folder: Path, index: int, x: np.ndarray, y: np.ndarray) -> Shar
 
 
 def _swap_into_place(tmp: Path, dest: Path) -> None:
-    if not dest.exists():
+    if not _occupied(dest):
         os.rename(tmp, dest)
         return
-    old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+    old = _aside(dest, "old")
     os.rename(dest, old)
     os.rename(tmp, dest)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A hidden ``.NAME.tmp-*`` (or ``.old-*``) folder of a preparation."""
+
+    path: Path
+    pid: int
+    host: Optional[str]
+
+    def writer_alive(self) -> bool:
+        if self.host not in (None, socket.gethostname()):
+            return True  # another node's process: nothing here can tell, so leave it alone
+        try:
+            process = psutil.Process(self.pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False
+            # A pid reused by a process started after the folder was last written is not its writer.
+            return process.create_time() <= self.path.stat().st_mtime + 1.0
+        except psutil.NoSuchProcess:
+            return False
+        except (psutil.Error, OSError):
+            return True
+
+    def size(self) -> int:
+        return sum(f.lstat().st_size for f in self.path.rglob("*") if not f.is_dir())
+
+
+def leftovers(parent: Path, name: Optional[str] = None) -> List[Leftover]:
+    """The hidden working folders of preparations in ``parent`` (of ``name`` only if given)."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    found = []
+    for entry in sorted(parent.iterdir()):
+        match = LEFTOVER.match(entry.name)
+        if match and entry.is_dir() and name in (None, match["name"]):
+            found.append(Leftover(entry, int(match["pid"]), match["host"]))
+    return found
+
+
+def clean_leftovers(parent: Path, name: Optional[str] = None) -> List[str]:
+    """Remove the leftovers whose writer is gone; one line per leftover found, saying
+    what it was and what happened to it."""
+    lines = []
+    for leftover in leftovers(parent, name):
+        megabytes = f"{leftover.size() / 1e6:,.1f} MB"
+        writer = f"pid {leftover.pid}" + (f" on {leftover.host}" if leftover.host else "")
+        if leftover.writer_alive():
+            lines.append(f"{leftover.path}: {megabytes} being written by {writer}, still "
+                         "running; left alone")
+            continue
+        shutil.rmtree(leftover.path, ignore_errors=True)
+        done = "could not remove it" if leftover.path.exists() else "removed"
+        lines.append(f"{leftover.path}: {megabytes} left by an interrupted preparation "
+                     f"({writer}, gone); {done}")
+    return lines
 
 
 # ---------------------------------------------------------------- reading
@@ -208,12 +373,22 @@ def open_dataset(path: Path, *, verify: bool = True,
         offsets_total += shard.rows
     if offsets_total != dataset.n_samples:
         raise DatasetError(f"{path / METADATA_FILE}: shards hold {offsets_total} rows, "
-                           f"metadata says {dataset.n_samples}; prepare the dataset again")
-    if not (path / STATS_FILE).is_file():
-        raise DatasetError(f"{path / STATS_FILE}: missing; prepare the dataset again")
+                           f"metadata says {dataset.n_samples}; {again(path)}")
+    _check_stats_file(dataset)
     if verify:
         verify_checksums(dataset, trust_unchanged=trust_unchanged)
     return dataset
+
+
+def again(folder: Path) -> str:
+    """The advice that ends an error about a broken dataset: the exact command, if the
+    command line can make its request."""
+    from .presets import preparation_command  # presets builds on this module
+
+    command = preparation_command(folder)
+    if command is None:
+        return f"prepare it again (with --force, or delete {folder} first)"
+    return f"prepare it again: `{command}`"
 
 
 def _read_metadata(path: Path) -> dict:
@@ -224,22 +399,44 @@ def _read_metadata(path: Path) -> dict:
     try:
         metadata = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise DatasetError(f"{file}: unreadable ({err}); prepare the dataset again") from None
-    if metadata.get("format") != FORMAT or metadata.get("format_version") != FORMAT_VERSION:
-        raise DatasetError(f"{file}: not a {FORMAT} v{FORMAT_VERSION} dataset; prepare it again")
+        raise DatasetError(f"{file}: unreadable ({err}); if {path} is a kosmoss dataset, "
+                           "delete it and prepare it again") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise DatasetError(f"{file}: not a {FORMAT} dataset; prepare one with "
+                           "`kosmoss data prepare`")
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise DatasetError(f"{file}: {FORMAT} v{metadata.get('format_version')}, this kosmoss "
+                           f"reads v{FORMAT_VERSION}; {again(path)}")
     return metadata
 
 
 def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
     if not file.is_file():
-        raise DatasetError(f"{file}: shard missing; prepare the dataset again")
+        raise DatasetError(f"{file}: shard missing; {again(file.parent)}")
     try:
         array = np.load(file, mmap_mode="r")
     except (ValueError, OSError) as err:
-        raise DatasetError(f"{file}: corrupted shard ({err}); prepare the dataset again") from None
+        raise DatasetError(f"{file}: corrupted shard ({err}); {again(file.parent)}") from None
     if array.shape != shape or array.dtype != np.dtype(dtype):
         raise DatasetError(f"{file}: shape {array.shape} {array.dtype}, metadata says {shape} "
-                           f"{dtype}; prepare the dataset again")
+                           f"{dtype}; {again(file.parent)}")
+
+
+def _check_stats_file(dataset: PreparedDataset) -> None:
+    file = dataset.path / STATS_FILE
+    if not file.is_file():
+        raise DatasetError(f"{file}: missing; {again(dataset.path)}")
+    expected = {"x_mean": dataset.n_x, "x_std": dataset.n_x,
+                "y_mean": dataset.n_y, "y_std": dataset.n_y}
+    try:
+        with np.load(file) as data:
+            shapes = {key: data[key].shape for key in expected}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise DatasetError(f"{file}: unreadable ({err}); {again(dataset.path)}") from None
+    for key, features in expected.items():
+        if shapes[key] != (features,):
+            raise DatasetError(f"{file}: {key} has shape {shapes[key]}, the data has {features} "
+                               f"features; {again(dataset.path)}")
 
 
 def verify_checksums(dataset: PreparedDataset, *, trust_unchanged: bool = False) -> None:
@@ -255,7 +452,7 @@ def verify_checksums(dataset: PreparedDataset, *, trust_unchanged: bool = False)
         file = dataset.path / name
         if matched.get(name) != _stamp(file) and sha256_of(file) != digest:
             raise DatasetError(f"{file}: checksum does not match metadata.json "
-                               "(corrupted or modified); prepare the dataset again")
+                               f"(corrupted or modified); {again(dataset.path)}")
     _write_verified(dataset.path, {name: _stamp(dataset.path / name) for name in expected})
 
 
@@ -272,9 +469,7 @@ def _read_verified(folder: Path) -> dict:
 
 
 def _write_verified(folder: Path, stamps: dict) -> None:
-    tmp = folder / f".{VERIFIED_FILE}.tmp-{os.getpid()}"
     try:
-        tmp.write_text(json.dumps(stamps))
-        os.replace(tmp, folder / VERIFIED_FILE)
+        atomic_write_json(folder / VERIFIED_FILE, stamps)
     except OSError:  # a read-only shared dataset: it is simply hashed again next time
-        tmp.unlink(missing_ok=True)
+        pass

@@ -32,7 +32,9 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ..cpus import cores_per_process
-from ..errors import UsageError
+from ..devices import Sharing
+from ..errors import ConfigError, UsageError
+from .base import Engine
 
 INSTALL_COMMAND = "bash scripts/install_horovod.sh"
 
@@ -96,10 +98,11 @@ def cpu_threads_per_rank(local_size: int) -> None:
 
 
 class HorovodEnvironment(ClusterEnvironment):
-    """Ranks as Horovod knows them after ``hvd.init()`` (horovodrun set them, or size 1)."""
+    """Ranks as Horovod knows them after ``hvd.init()`` (horovodrun set them, or size 1).
+    ``join=False`` reads horovodrun's HOROVOD_* variables instead, without joining yet."""
 
-    def __init__(self) -> None:
-        self._hvd = init()
+    def __init__(self, join: bool = True) -> None:
+        self._hvd = init() if join else _HorovodrunVariables()
 
     @property
     def creates_processes_externally(self) -> bool:
@@ -134,6 +137,22 @@ class HorovodEnvironment(ClusterEnvironment):
 
     def node_rank(self) -> int:
         return self._hvd.cross_rank()
+
+
+class _HorovodrunVariables:
+    """What horovodrun tells each rank before ``hvd.init()``, as hvd's own answers."""
+
+    def size(self) -> int:
+        return int(os.environ.get("HOROVOD_SIZE", 1))
+
+    def rank(self) -> int:
+        return int(os.environ.get("HOROVOD_RANK", 0))
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
+
+    def cross_rank(self) -> int:
+        return int(os.environ.get("HOROVOD_CROSS_RANK", 0))
 
 
 def _gather_for_metrics(result: Tensor, group: Optional[Any] = None) -> List[Tensor]:
@@ -366,3 +385,38 @@ def _op_name(reduce_op: Any) -> str:
 def _no_groups(group: Optional[Any]) -> None:
     if group is not None and group is not torch.distributed.group.WORLD:
         raise ValueError("Horovod strategy: process sub-groups are not supported; unset `group`")
+
+
+class HorovodEngine(Engine):
+    """Horovod with this module's strategy; horovodrun starts its ranks."""
+
+    name = "horovod"
+    required_launcher = "horovodrun"
+
+    def check_available(self) -> None:
+        require()  # not installed: one line naming scripts/install_horovod.sh
+
+    def check_launch(self, launcher: str, ranks: int) -> None:
+        if launcher != "horovodrun" and ranks > 1:
+            raise ConfigError("strategy", f"{{field}} horovod with {ranks} processes: horovodrun "
+                              "starts Horovod's ranks, so drop the process and node counts and "
+                              f"run `horovodrun -np {ranks} --gloo python trainup_gpu.py "
+                              "--strategy horovod ...`")
+
+    def strategy(self, share: Sharing, world_size: int, timeout=None):
+        return HorovodStrategy()  # also with one process: the run says what it would scale with
+
+    def strategy_name(self, world_size: int) -> str:
+        return "horovod"
+
+    def backend(self, share: Sharing, world_size: int) -> str:
+        return "horovod"
+
+    def backend_reason(self, share: Sharing, on_gpu: bool, ranks_on_host: int) -> str:
+        return backend_reason(on_gpu, ranks_on_host)
+
+    def shared_run_id(self, candidate: str) -> str:
+        return shared_run_id(candidate)
+
+    def shutdown(self) -> None:
+        shutdown()  # the strategy keeps Horovod up between fit and test; this ends it

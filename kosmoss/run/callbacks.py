@@ -3,54 +3,44 @@ peaks `kosmoss bench` reads) and replica agreement."""
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from typing import List, Optional
 
-import psutil
 import pytorch_lightning as pl
 import torch
 
 from ..devices import Sharing, apply_sharing, to_numpy
+from ..memory import peak_host_rss_mib
+from ..throughput import StepClock
 
 
 class ThroughputMeter(pl.Callback):
-    """Training samples per second over the whole world, in steady state; when each
-    validation ended and its loss (time to a target loss); peak memory of every rank.
-
-    Lightning's ThroughputMonitor logs windowed per-step values to the loggers; a run
-    summary needs one number, so this keeps totals: the first step (warm-up) and any
-    interval that contains validation are left out. On a GPU the clock waits for the
-    queued steps where an interval starts and ends (CUDA runs behind the Python loop).
-    """
+    """Training samples per second over the whole world, in steady state (the one
+    :class:`kosmoss.throughput.StepClock` rule, shared with the bench's raw loop); when each
+    validation ended and its loss (time to a target loss); peak memory of every rank."""
 
     def __init__(self) -> None:
-        self.samples = 0
-        self.elapsed = 0.0
+        self.clock = StepClock()
         self.first_step_s: Optional[float] = None
-        self.first_step_unix: Optional[float] = None
         self.samples_per_s: Optional[float] = None
         self.val_curve: List[dict] = []
         self.peak_host_rss_mib: List[float] = []
         self.peak_gpu_mib: List[float] = []
         self._fit_start = 0.0
-        self._last: Optional[float] = None
+
+    @property
+    def first_step_unix(self) -> Optional[float]:
+        return self.clock.first_step_unix
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = _synced_clock(pl_module.device) if self._last is None else time.perf_counter()
-        if self.first_step_s is None:
-            self.first_step_s = now - self._fit_start
-            self.first_step_unix = time.time()
-        elif self._last is not None:
-            self.elapsed += now - self._last
-            self.samples += len(batch[0])
-        self._last = now
+        if self.clock.step_done(len(batch[0]), pl_module.device):
+            self.first_step_s = time.perf_counter() - self._fit_start
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._close_interval(pl_module)
+        self.clock.pause(pl_module.device)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         loss = trainer.callback_metrics.get("val_loss")
@@ -59,11 +49,11 @@ class ThroughputMeter(pl.Callback):
                                    "val_loss": float(loss)})
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._close_interval(pl_module)
+        self.clock.pause(pl_module.device)
         device = pl_module.device  # NCCL reduces CUDA tensors only
-        samples = trainer.strategy.reduce(torch.tensor(float(self.samples), device=device),
+        samples = trainer.strategy.reduce(torch.tensor(float(self.clock.samples), device=device),
                                           reduce_op="sum")
-        elapsed = trainer.strategy.reduce(torch.tensor(self.elapsed, device=device),
+        elapsed = trainer.strategy.reduce(torch.tensor(self.clock.elapsed, device=device),
                                           reduce_op="mean")
         if float(elapsed) > 0:
             self.samples_per_s = float(samples) / float(elapsed)
@@ -71,27 +61,23 @@ class ThroughputMeter(pl.Callback):
         peaks = pl_module.all_gather(torch.tensor([peak_host_rss_mib(), gpu], device=device))
         self.peak_host_rss_mib, self.peak_gpu_mib = peaks.reshape(-1, 2).T.tolist()
 
-    def _close_interval(self, pl_module) -> None:
-        if self._last is not None and pl_module.device.type == "cuda":
-            self.elapsed += _synced_clock(pl_module.device) - self._last  # the queued steps
-        self._last = None
 
+class PrecisionProbe(pl.Callback):
+    """Records the dtype of the first layer's output in the first training step: proof that
+    bf16-mixed autocast was really active, not just a flag read back."""
 
-def _synced_clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+    def __init__(self) -> None:
+        self.activation_dtype: Optional[str] = None
+        self._hook = None
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.activation_dtype is None and self._hook is None:
+            first = next(m for m in pl_module.modules() if isinstance(m, torch.nn.Linear))
+            self._hook = first.register_forward_hook(self._record)
 
-def peak_host_rss_mib() -> float:
-    """This process's peak resident memory so far, in MiB (current RSS where the OS keeps
-    no peak)."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return psutil.Process().memory_info().rss / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+    def _record(self, module, inputs, output) -> None:
+        self.activation_dtype = str(output.dtype).replace("torch.", "")
+        self._hook.remove()
 
 
 class GpuShare(pl.Callback):

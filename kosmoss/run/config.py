@@ -1,25 +1,34 @@
-"""The typed configuration of one training run, and its checks."""
+"""The typed, frozen configuration of one training run, and its checks.
+
+Errors name the *field* (:class:`kosmoss.errors.ConfigError`); the launchers render them
+with their own flag names (:mod:`kosmoss.run.flags`).
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from ..cpus import available_cores
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
-from ..errors import UsageError
+from ..engines import ENGINE_NAMES
+from ..errors import ConfigError
+from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..scaling import LR_RULES
 
 PRECISIONS = ("32-true", "bf16-mixed")
-STRATEGIES = ("ddp", "horovod")
+STRATEGIES = ENGINE_NAMES
+# Long enough for a slow first step on a loaded laptop, short enough for a course; NCCL's
+# own default is 10 minutes, gloo's 30.
+COLLECTIVE_TIMEOUT_S = {"cpu": 120.0, "gpu": 600.0}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     batch_size: int = 256  # global: split over every process of the run
     num_processes: Optional[int] = None  # per node; None: 1, or what the launcher says
-    lr: float = 1e-3
+    lr: float = DEFAULT_LR
     scale_lr: str = "none"
     base_batch_size: Optional[int] = None
     warmup_steps: int = 0
@@ -28,7 +37,7 @@ class RunConfig:
     dataset: str = DEFAULT_PRESET
     seed: int = 42
     result_json: Optional[Path] = None
-    hidden: Tuple[int, ...] = (100, 100, 100)
+    hidden: Tuple[int, ...] = DEFAULT_HIDDEN
     mode: str = "efficient"
     num_workers: Optional[int] = None  # None: sized per process from the cores
     machine_gpu: str = "none"  # what this machine allows: none | offer | force
@@ -37,12 +46,11 @@ class RunConfig:
     require_gpu: bool = False
     num_nodes: Optional[int] = None  # None: 1, or what the launcher says
     gpu_ids: Optional[Tuple[int, ...]] = None
-    process_flag: str = "--num-processes"  # how the launcher script names num_processes
     progress: bool = True
     resume: Optional[str] = None  # a run id or run folder whose checkpoint to continue
-    strategy: str = "ddp"  # ddp (torch.distributed) | horovod (kosmoss.engines.horovod)
+    strategy: str = "ddp"  # an engine of kosmoss.engines
     precision: str = "32-true"  # Lightning's name; bf16-mixed autocasts (GPU or CPU)
-    warnings: List[str] = field(default_factory=list)
+    collective_timeout_s: Optional[float] = None  # None: COLLECTIVE_TIMEOUT_S by device
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -50,50 +58,77 @@ class RunConfig:
         return data
 
 
-def validate(config: RunConfig) -> List[str]:
-    """Raise :class:`UsageError` for the first bad flag; return warnings for odd ones."""
+def validate(config: RunConfig) -> Tuple[str, ...]:
+    """Raise :class:`ConfigError` for the first bad field; return warnings for odd ones.
+    Cheap: no torch, no files beyond ``result_json``'s folder."""
     if config.num_processes is not None:
-        _at_least(config.num_processes, 1, config.process_flag)
+        _at_least(config.num_processes, 1, "num_processes")
     if config.num_nodes is not None:
-        _at_least(config.num_nodes, 1, "--num-nodes")
+        _at_least(config.num_nodes, 1, "num_nodes")
     if config.gpu_ids is not None:
-        ids = ",".join(map(str, config.gpu_ids))
-        if config.num_processes is not None and len(config.gpu_ids) != config.num_processes:
-            raise UsageError(f"--gpu-ids {ids} names {len(config.gpu_ids)} GPU(s) but "
-                             f"{config.process_flag} is {config.num_processes}: give one id "
-                             "per process")
-        if min(config.gpu_ids) < 0 or len(set(config.gpu_ids)) != len(config.gpu_ids):
-            raise UsageError(f"--gpu-ids {ids}: give distinct CUDA ids >= 0")
-    _at_least(config.max_epochs, 1, "--max-epochs")
+        _check_gpu_ids(config)
+    _at_least(config.max_epochs, 1, "max_epochs")
     if config.max_steps != -1 and config.max_steps < 1:
-        raise UsageError(f"--max-steps {config.max_steps}: must be >= 1 (or -1 for no limit)")
-    if config.scale_lr not in LR_RULES:
-        raise UsageError(f"--scale-lr {config.scale_lr!r}: choose one of {', '.join(LR_RULES)}")
-    if config.precision not in PRECISIONS:
-        raise UsageError(f"--precision {config.precision!r}: choose one of {', '.join(PRECISIONS)}")
-    if config.strategy not in STRATEGIES:
-        raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    if config.strategy == "horovod":
-        from ..engines import horovod
-
-        horovod.require()  # not installed: one line naming scripts/install_horovod.sh
-    if config.mode not in MODES:
-        raise UsageError(f"--mode {config.mode!r}: choose one of {', '.join(MODES)}")
+        raise ConfigError("max_steps", f"{{field}} {config.max_steps}: must be >= 1 (or -1 for "
+                          "no limit)")
+    _one_of(config.scale_lr, LR_RULES, "scale_lr")
+    _one_of(config.precision, PRECISIONS, "precision")
+    _one_of(config.strategy, STRATEGIES, "strategy")
+    _one_of(config.mode, MODES, "mode")
     if not config.hidden or min(config.hidden) < 1:
-        raise UsageError(f"--hidden {config.hidden}: give one or more layer sizes >= 1")
+        raise ConfigError("hidden", f"{{field}} {' '.join(map(str, config.hidden))}: give one "
+                          "or more layer sizes >= 1")
     if config.num_workers is not None and config.num_workers < 0:
-        raise UsageError(f"--num-workers {config.num_workers}: must be >= 0")
-    if config.result_json is not None and Path(config.result_json).is_dir():
-        raise UsageError(f"--result-json {config.result_json}: is a directory; give a file path")
-    warnings = []
+        raise ConfigError("num_workers", f"{{field}} {config.num_workers}: must be >= 0")
+    if config.collective_timeout_s is not None and not config.collective_timeout_s > 0:
+        raise ConfigError("collective_timeout_s", f"{{field}} {config.collective_timeout_s}: "
+                          "give a number of seconds > 0")
+    if config.result_json is not None:
+        _check_output(Path(config.result_json))
+    return _warnings(config)
+
+
+def _check_gpu_ids(config: RunConfig) -> None:
+    ids = ",".join(map(str, config.gpu_ids))
+    if config.num_processes is not None and len(config.gpu_ids) != config.num_processes:
+        raise ConfigError("gpu_ids", f"{{field}} {ids} names {len(config.gpu_ids)} GPU(s) but "
+                          f"{config.num_processes} processes per node were asked for: give one "
+                          "id per process")
+    if min(config.gpu_ids) < 0 or len(set(config.gpu_ids)) != len(config.gpu_ids):
+        raise ConfigError("gpu_ids", f"{{field}} {ids}: give distinct CUDA ids >= 0")
+
+
+def _check_output(path: Path) -> None:
+    """Found before training, not after it: a folder, or a place that cannot be written."""
+    if path.is_dir():
+        raise ConfigError("result_json", f"{{field}} {path}: is a directory; give a file path")
+    parent = path.expanduser().absolute().parent
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not _writable(existing):
+        raise ConfigError("result_json", f"{{field}} {path}: {existing} cannot be written; give a "
+                          "path in a folder you can write")
+
+
+def _writable(folder: Path) -> bool:
+    import os
+
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _warnings(config: RunConfig) -> Tuple[str, ...]:
     cores = available_cores()
-    processes = config.num_processes or 1
+    processes = (config.num_processes or 1) * (config.num_nodes or 1)
     if not config.use_gpu and processes > cores:
-        warnings.append(f"{config.process_flag} {processes} is more than the {cores} "
-                        "CPU cores available: processes will share cores and run slower")
-    return warnings
+        return (f"{processes} processes is more than the {cores} CPU cores available: "
+                "processes will share cores and run slower",)
+    return ()
 
 
-def _at_least(value: int, minimum: int, flag: str) -> None:
+def _at_least(value: int, minimum: int, field: str) -> None:
     if value < minimum:
-        raise UsageError(f"{flag} {value}: must be >= {minimum}")
+        raise ConfigError(field, f"{{field}} {value}: must be >= {minimum}")
+
+
+def _one_of(value: str, choices, field: str) -> None:
+    if value not in choices:
+        raise ConfigError(field, f"{{field}} {value!r}: choose one of {', '.join(choices)}")

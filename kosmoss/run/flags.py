@@ -1,25 +1,52 @@
-"""The flags of trainup_cpu.py (and, with GPU flags added, trainup_gpu.py)."""
+"""The flags of trainup_cpu.py (and, with what a GPU adds, trainup_gpu.py), and the one
+place where a configuration field is named as a flag (errors speak the caller's words)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Dict
 
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
+from ..devices import MachineGpu
+from ..errors import ConfigError
 from ..scaling import LR_RULES
 from .config import PRECISIONS, STRATEGIES, RunConfig
 
 DEFAULTS = RunConfig()
+# Every field whose flag is not simply --field-with-dashes.
+FLAG_NAMES = {"scale_lr": "--scale-lr", "collective_timeout_s": "--collective-timeout",
+              "progress": "--no-progress"}
+
+
+def flag_names(process_flag: str = "--num-processes") -> Dict[str, str]:
+    """Field -> flag for a launcher (trainup_gpu.py calls the processes per node --gpus)."""
+    names = {field: "--" + field.replace("_", "-") for field in RunConfig.__dataclass_fields__}
+    return {**names, **FLAG_NAMES, "num_processes": process_flag}
+
+
+def in_flag_terms(error: Exception, process_flag: str = "--num-processes") -> str:
+    """An error's one line as the launcher's user reads it."""
+    if isinstance(error, ConfigError):
+        return error.in_terms_of(flag_names(process_flag))
+    return str(error)
 
 
 def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) -> None:
+    """Every flag that is not GPU-specific: trainup_cpu.py runs every CPU set-up with these."""
     add = parser.add_argument
     add("--batch-size", type=int, default=DEFAULTS.batch_size,
         help="global batch, split evenly over all processes (default %(default)s)")
     if processes:
         add("--num-processes", type=int, default=None,
-            help="processes (ranks) on this host; >1 runs DDP (default 1, or what "
-                 "torchrun says)")
+            help="processes (ranks) per node; >1 runs DDP (default 1, or what torchrun says)")
+    add("--num-nodes", type=int, default=None,
+        help="nodes; without a cluster launcher they are simulated on this host")
+    add("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
+        help="distributed engine: ddp (gloo on CPU, NCCL for one rank per GPU) or horovod "
+             "(under horovodrun; see docs/horovod.md)")
+    add("--precision", choices=PRECISIONS, default=DEFAULTS.precision,
+        help="bf16-mixed: bfloat16 autocast (the tensor cores' format; runs on CPU too)")
     add("--lr", type=float, default=DEFAULTS.lr,
         help="learning rate tuned for --base-batch-size (default %(default)s)")
     add("--scale-lr", choices=LR_RULES, default=DEFAULTS.scale_lr,
@@ -44,6 +71,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
              "copied to the GPU, which then gathers its own batches")
     add("--num-workers", type=int, default=None,
         help="data workers per process (default: sized from the cores per process)")
+    add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,
+        metavar="SECONDS", help="fail a collective that waits longer (default 120 on CPU, "
+                                "600 on GPU)")
     add("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add("--resume", metavar="RUN", default=None,
         help="continue a run stopped by a signal: its run id or folder (under Slurm a "
@@ -53,19 +83,12 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
 def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
     """What trainup_gpu.py adds to the flags of trainup_cpu.py."""
     add = parser.add_argument
-    add("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
-        help="distributed engine: ddp (NCCL, or gloo when ranks share a GPU or there is none) "
-             "or horovod (under horovodrun; see docs/horovod.md)")
     add("--gpus", "--num-processes", dest="num_processes", type=int, default=None,
         help="processes per node, one per GPU (default 1, or what the launcher says)")
-    add("--num-nodes", type=int, default=None,
-        help="nodes; without a cluster launcher they are simulated on this host")
     add("--gpu-ids", type=_id_list, default=None,
         help="CUDA ids for the local ranks, e.g. 2,3: local rank r uses ids[r]")
     add("--require-gpu", action="store_true",
         help="fail (exit 2) instead of falling back to CPU when there is no GPU")
-    add("--precision", choices=PRECISIONS, default=DEFAULTS.precision,
-        help="bf16-mixed: bfloat16 autocast, the tensor cores' format (default %(default)s)")
 
 
 def _id_list(text: str):
@@ -76,19 +99,21 @@ def _id_list(text: str):
                                          "integers, e.g. 0,1") from None
 
 
-def config_from_args(args: argparse.Namespace, **extra) -> RunConfig:
+def config_from_args(args: argparse.Namespace, *, machine: MachineGpu,
+                     use_gpu: bool) -> RunConfig:
+    """The run's request from the flags; the machine's say (offer / force / pick a GPU)
+    from the entry point's default and the environment (MachineGpu.from_environment)."""
     gpu_ids = getattr(args, "gpu_ids", None)
     processes = args.num_processes if args.num_processes is not None or not gpu_ids \
         else len(gpu_ids)
     return RunConfig(
-        batch_size=args.batch_size, num_processes=processes, lr=args.lr,
-        num_nodes=getattr(args, "num_nodes", None), gpu_ids=gpu_ids,
-        require_gpu=getattr(args, "require_gpu", False),
-        scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
-        warmup_steps=args.warmup_steps,
-        max_epochs=args.max_epochs, max_steps=args.max_steps, dataset=args.dataset,
-        seed=args.seed, result_json=args.result_json, hidden=tuple(args.hidden),
-        mode=args.mode, num_workers=args.num_workers, progress=args.progress,
-        resume=args.resume, precision=getattr(args, "precision", DEFAULTS.precision),
-        strategy=getattr(args, "strategy", DEFAULTS.strategy), **extra,
+        batch_size=args.batch_size, num_processes=processes, num_nodes=args.num_nodes,
+        lr=args.lr, scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
+        warmup_steps=args.warmup_steps, max_epochs=args.max_epochs, max_steps=args.max_steps,
+        dataset=args.dataset, seed=args.seed, result_json=args.result_json,
+        hidden=tuple(args.hidden), mode=args.mode, num_workers=args.num_workers,
+        progress=args.progress, resume=args.resume, precision=args.precision,
+        strategy=args.strategy, collective_timeout_s=args.collective_timeout_s,
+        gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
+        machine_gpu=machine.setting, gpu_index=machine.index, use_gpu=use_gpu,
     )

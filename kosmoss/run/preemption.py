@@ -47,11 +47,11 @@ class StopOnSignal(pl.Callback):
         trainer.save_checkpoint(self.checkpoint)
         trainer.should_stop = True
 
-    def requeue_if_asked(self) -> bool:
+    def requeue_if_asked(self) -> Optional[str]:
         """Under Slurm, SIGUSR1 means "time is nearly up": put the job back in the queue;
         it comes back with the same job id, so the same run directory, and resumes.
-        Called on global zero only."""
+        Called on global zero only; returns the requeued job's id."""
         job = os.environ.get("SLURM_JOB_ID")
         if self.stopped_by != "SIGUSR1" or not job:
-            return False
-        return subprocess.run(["scontrol", "requeue", job]).returncode == 0
+            return None
+        return job if subprocess.run(["scontrol", "requeue", job]).returncode == 0 else None

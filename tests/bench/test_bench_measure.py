@@ -30,7 +30,7 @@ def test_a_row_starts_clean_of_any_launcher_around_the_bench(monkeypatch, tmp_pa
                  "HOROVOD_RANK"):
         assert name not in env
     assert env["KEEP_ME"] == "yes" and env["KOSMOSS_HOME"] == str(tmp_path)
-    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["KOSMOSS_MACHINE_GPU"] == "none"
 
 
 def tiny_plan(tmp_path, timeout_s=60.0) -> Plan:

@@ -7,7 +7,7 @@ import pytest
 
 from kosmoss.bench import baselines, setups
 from kosmoss.bench.setups import BY_ID, MATRIX, Machine, Plan, command, skip_reason
-from kosmoss.run.train import SPLITS
+from kosmoss.data.loading import SPLITS
 
 GIB = 2**30
 
@@ -128,7 +128,7 @@ def test_baseline_rows_run_the_baselines_module(tmp_path):
 
 
 def test_cpu_rows_hide_the_gpu():
-    assert setups.environment(BY_ID["nodes-cpu-2x1"]) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert setups.environment(BY_ID["nodes-cpu-2x1"]) == {"KOSMOSS_MACHINE_GPU": "none"}
     assert setups.environment(BY_ID["nodes-gpu-2x1"]) == {}
 
 

@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,75 +15,92 @@ import pytest
 from helpers import REPO, run_script
 from kosmoss import cli
 from kosmoss.commands import lessons as command
-from kosmoss.lessons import MANIFEST, SCRIPTS, lesson_sources
+from kosmoss.lessons import COMPANIONS, MANIFEST, SCRIPTS, lesson_sources
 
 LESSONS = [p.name for p in lesson_sources(REPO)]
+NOTEBOOKS = [name.replace(".py", ".ipynb") for name in LESSONS]
+COPIED = len(LESSONS) + len(SCRIPTS) + len(COMPANIONS)
 
 
 def _files(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def test_copies_lessons_notebooks_and_scripts(tmp_path):
+def test_copies_each_lesson_once_with_its_scripts_and_documents(tmp_path):
     dest = tmp_path / "course"
     proc = run_script(["-m", "kosmoss", "lessons", "--dest", str(dest)], tmp_path / "home")
     assert proc.returncode == 0, proc.stderr
-    ipynbs = [name.replace(".py", ".ipynb") for name in LESSONS]
-    assert _files(dest) == sorted(LESSONS + ipynbs + list(SCRIPTS) + [MANIFEST])
+    # One notebook per lesson: JupyterLab (with jupytext) would list a .py as a second copy.
+    assert _files(dest) == sorted(NOTEBOOKS + list(SCRIPTS) + list(COMPANIONS) + [MANIFEST])
     assert f"cd {dest} && jupyter lab" in proc.stdout
-    assert f"{len(LESSONS) * 2 + len(SCRIPTS)} written" in proc.stdout
-    for name in LESSONS:
-        assert (dest / name).read_bytes() == (REPO / "notebooks" / name).read_bytes()
-    assert (dest / "slurm" / "submit.sbatch").read_bytes() == \
-        (REPO / "slurm" / "submit.sbatch").read_bytes()
+    assert f"{COPIED} written" in proc.stdout
+    for name in ("slurm/submit.sbatch",) + COMPANIONS:  # what the lessons point to is there
+        assert (dest / name).read_bytes() == (REPO / name).read_bytes()
     assert not (tmp_path / "home").exists()  # nothing lands in KOSMOSS_HOME
 
 
-def test_notebooks_match_their_sources(tmp_path):
+def test_every_file_a_lesson_names_is_copied_with_it(tmp_path):
+    assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
+    shipped = set(_files(tmp_path))
+    for name in LESSONS:
+        text = (REPO / "notebooks" / name).read_text()
+        named = set(re.findall(r"\b((?:docs|scripts|slurm)/[\w./-]+\.(?:md|sh|sbatch))", text))
+        assert named <= shipped, f"{name} points to files a learner does not get: {named - shipped}"
+
+
+def test_notebooks_match_their_sources_and_open_clean(tmp_path):
     import jupytext
     import nbformat
+    from ipykernel.ipkernel import IPythonKernel
 
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     for name in LESSONS:
-        notebook = nbformat.read(tmp_path / name.replace(".py", ".ipynb"), as_version=4)
+        path = tmp_path / name.replace(".py", ".ipynb")
+        notebook = nbformat.read(path, as_version=4)
         nbformat.validate(notebook)
         source = jupytext.read(REPO / "notebooks" / name)
         assert [c.source for c in notebook.cells] == [c.source for c in source.cells]
         assert notebook.metadata["kernelspec"]["name"] == "python3"
+        # What the kernel reports on start is already there, so opening adds nothing, and
+        # saving an unchanged notebook (as Jupyter writes it) gives the same bytes.
+        assert notebook.metadata["language_info"] == IPythonKernel.language_info
+        nbformat.write(notebook, tmp_path / "saved.ipynb")
+        assert (tmp_path / "saved.ipynb").read_bytes() == path.read_bytes()
 
 
 def test_second_run_keeps_the_learners_changes(tmp_path, capsys):
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     capsys.readouterr()
-    worked = tmp_path / LESSONS[0].replace(".py", ".ipynb")
+    worked = tmp_path / NOTEBOOKS[0]
     worked.write_text(worked.read_text().replace("What you will learn", "My notes"))
     mine = worked.read_bytes()
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert worked.read_bytes() == mine
     assert f"kept {worked.name}: you changed it" in out
-    assert f"{len(LESSONS) * 2 + len(SCRIPTS) - 1} unchanged, 1 kept" in out
+    assert f"{COPIED - 1} unchanged, 1 kept" in out
 
 
 def test_an_older_copy_that_was_not_changed_is_updated(tmp_path, capsys):
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     # As if an older kosmoss had written this file: the manifest knows its checksum.
-    older = b"# an older version of the lesson\n"
-    (tmp_path / LESSONS[1]).write_bytes(older)
+    shipped = (tmp_path / NOTEBOOKS[1]).read_bytes()
+    older = b'{"cells": []}\n'
+    (tmp_path / NOTEBOOKS[1]).write_bytes(older)
     manifest = json.loads((tmp_path / MANIFEST).read_text())
-    manifest["files"][LESSONS[1]] = hashlib.sha256(older).hexdigest()
+    manifest["files"][NOTEBOOKS[1]] = hashlib.sha256(older).hexdigest()
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     capsys.readouterr()
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     assert "1 updated" in capsys.readouterr().out
-    assert (tmp_path / LESSONS[1]).read_bytes() == (REPO / "notebooks" / LESSONS[1]).read_bytes()
+    assert (tmp_path / NOTEBOOKS[1]).read_bytes() == shipped
 
 
 def test_files_there_before_kosmoss_are_the_learners(tmp_path, capsys):
-    (tmp_path / LESSONS[0]).write_text("# my own file\n")
+    (tmp_path / NOTEBOOKS[0]).write_text("my own file\n")
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
-    assert (tmp_path / LESSONS[0]).read_text() == "# my own file\n"
-    assert f"kept {LESSONS[0]}" in capsys.readouterr().out
+    assert (tmp_path / NOTEBOOKS[0]).read_text() == "my own file\n"
+    assert f"kept {NOTEBOOKS[0]}" in capsys.readouterr().out
 
 
 def test_dest_that_is_a_file_is_one_line_exit_2(tmp_path, capsys):
@@ -104,9 +122,12 @@ def test_without_jupytext_the_py_lessons_are_copied_and_it_says_so(tmp_path, mon
     monkeypatch.setattr(command, "installed", lambda module: module != "jupytext")
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "no .ipynb written: jupytext is missing" in out
-    assert not list(tmp_path.glob("*.ipynb")) and len(list(tmp_path.glob("*.py"))) == \
-        len(LESSONS) + 2
+    assert "no .ipynb written, the .py sources instead: jupytext is missing" in out
+    assert not list(tmp_path.glob("*.ipynb"))
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == sorted(LESSONS + ["trainup_cpu.py",
+                                                                             "trainup_gpu.py"])
+    for name in LESSONS:
+        assert (tmp_path / name).read_bytes() == (REPO / "notebooks" / name).read_bytes()
 
 
 def test_without_jupyterlab_it_says_how_to_install_it(tmp_path, monkeypatch, capsys):
@@ -133,9 +154,9 @@ def test_a_non_editable_install_ships_the_lessons(tmp_path):
     assert proc.returncode == 0, proc.stderr
     package, root = proc.stdout.splitlines()[:2]
     assert package.startswith(str(tmp_path / "site")) and str(REPO) not in root
-    assert sorted(p.name for p in (tmp_path / "work").glob("*.py")) == \
-        sorted(LESSONS + ["trainup_cpu.py", "trainup_gpu.py"])
-    assert (tmp_path / "work" / "slurm" / "submit.sbatch").is_file()
+    assert sorted(p.name for p in (tmp_path / "work").glob("*.ipynb")) == sorted(NOTEBOOKS)
+    for name in SCRIPTS + COMPANIONS:
+        assert (tmp_path / "work" / name).is_file(), f"{name} is not installed with kosmoss"
 
 
 def _clean_env():

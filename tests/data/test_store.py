@@ -1,4 +1,5 @@
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from helpers import RandomSource
 from kosmoss.data import presets, store
 from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
+from kosmoss.data.stats import Statistics
 from kosmoss.errors import DatasetError, UsageError
 
 
@@ -53,21 +55,37 @@ def test_interrupted_preparation_leaves_nothing_that_loads(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".d.tmp")]
 
 
-def test_existing_dataset_is_kept_unless_forced(tmp_path):
+def test_same_request_is_reused_and_another_is_an_error_naming_the_difference(tmp_path):
+    # Issue 13: asking for seed 2 in a folder holding seed 1 returned the seed-1 data.
     first = prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=100)
-    again = prepare(RandomSource(200, seed=2), tmp_path / "d", shard_size=100)
-    assert again.shards == first.shards
+    again = prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=100)
+    assert again.reused and not first.reused and again.shards == first.shards
+    with pytest.raises(DatasetError, match=r"d: holds another dataset: seed 1 \(asked 2\); "):
+        prepare(RandomSource(200, seed=2), tmp_path / "d", shard_size=100)
+    with pytest.raises(DatasetError, match=r"shard_size 100 \(asked 50\)"):
+        prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=50)
+    assert json.loads((tmp_path / "d" / METADATA_FILE).read_text())["seed"] == 1
     forced = prepare(RandomSource(200, seed=2), tmp_path / "d", shard_size=100, force=True)
     assert forced.shards[0].x_sha256 != first.shards[0].x_sha256
+    assert forced.metadata["seed"] == 2 and not forced.reused
 
 
 def test_foreign_folder_is_never_replaced(tmp_path):
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me")
-    with pytest.raises(DatasetError, match="--force"):
+    with pytest.raises(DatasetError, match="not a kosmoss dataset") as refused:
         prepare(RandomSource(10), folder, 10)
+    assert "--force" not in str(refused.value)  # it would not help: say nothing of it
+    with pytest.raises(DatasetError, match="--force does not replace it; nothing deleted"):
+        prepare(RandomSource(10), folder, 10, force=True)
     assert (folder / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mine.lock", "mine"]
+
+
+def test_an_empty_folder_is_filled(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert prepare(RandomSource(10), tmp_path / "empty", 10).n_samples == 10
 
 
 def test_folder_without_metadata_is_named(tmp_path):
@@ -130,3 +148,31 @@ def test_quick_verify_hashes_only_files_changed_since_they_matched(random_datase
     with pytest.raises(DatasetError):
         open_dataset(random_dataset.path)  # the full check hashes everything
     assert len(hashed) > 1
+
+
+def test_statistics_of_another_feature_count_are_named(random_dataset):
+    # Issue 13: such a stats.npz passed `data info --verify`, then crashed training.
+    file = random_dataset.path / store.STATS_FILE
+    stats = random_dataset.statistics()
+    Statistics(stats.x_mean[:-1], stats.x_std[:-1], stats.y_mean, stats.y_std).save(file)
+    metadata = json.loads((random_dataset.path / METADATA_FILE).read_text())
+    metadata["stats"]["sha256"] = store.sha256_of(file)  # swapped together with its checksum
+    (random_dataset.path / METADATA_FILE).write_text(json.dumps(metadata))
+    n_x = random_dataset.n_x
+    expected = rf"stats.npz: x_mean has shape \({n_x - 1},\), the data has {n_x} features"
+    with pytest.raises(DatasetError, match=expected):
+        open_dataset(random_dataset.path, verify=False)
+    with pytest.raises(DatasetError, match=expected):
+        open_dataset(random_dataset.path)
+    file.write_bytes(b"not a zip")
+    with pytest.raises(DatasetError, match=r"stats.npz: unreadable"):
+        open_dataset(random_dataset.path, verify=False)
+
+
+def test_racing_preparations_of_one_name_write_it_once(tmp_path):
+    # Ranks started together (torchrun, srun) may all prepare the same preset.
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: prepare(RandomSource(300), tmp_path / "d", 50), range(3)))
+    assert sorted(r.reused for r in results) == [False, True, True]
+    assert all(r.shards == results[0].shards for r in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.lock", "d"]

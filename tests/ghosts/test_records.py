@@ -50,13 +50,9 @@ def test_start_and_finish_write_the_records_and_give_the_environment_back(run_di
 
 
 def test_a_run_that_raises_is_recorded_failed(run_dir):
-    @records.tracked
-    def doomed():
-        records.start(run_dir, kind="single")
-        raise RuntimeError("out of memory")
-
     with pytest.raises(RuntimeError):
-        doomed()
+        with records.recorded(run_dir, kind="single"):
+            raise RuntimeError("out of memory")
     run = records.read_run(run_dir)
     assert run["state"] == "failed" and "out of memory" in run["error"]
     assert records.current() is None

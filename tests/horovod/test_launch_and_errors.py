@@ -10,7 +10,8 @@ import pytest
 
 from helpers import REPO
 from hvdrun import clean_env
-from kosmoss import launch
+from kosmoss import engines, launch
+from kosmoss.run.flags import in_flag_terms
 from kosmoss.environment import detect_launcher
 from kosmoss.errors import UsageError
 
@@ -46,7 +47,7 @@ def test_missing_horovod_is_one_line_naming_the_install_command(tmp_path):
 def test_horovodrun_topology_comes_from_its_variables(monkeypatch):
     horovodrun_variables(monkeypatch, rank=3, size=4, local_size=2, cross_size=2)
     assert detect_launcher() == "horovodrun"
-    topology = launch.resolve(None, None, "--gpus", strategy="horovod")
+    topology = launch.resolve(None, None, engines.get("horovod"))
     assert (topology.launcher, topology.num_nodes, topology.devices_per_node) == ("horovodrun", 2, 2)
     assert (topology.world_size, topology.node_rank, topology.global_rank_hint()) == (4, 1, 3)
 
@@ -61,18 +62,19 @@ def test_horovodrun_wins_over_slurm_variables(monkeypatch):
 @pytest.mark.parametrize("processes, nodes, strategy, needle", [
     (4, None, "horovod", "--gpus 4 contradicts horovodrun's 2"),
     (None, 3, "horovod", "--num-nodes 3 contradicts horovodrun's 1"),
-    (None, None, "ddp", "--strategy horovod"),
+    (None, None, "ddp", "run `trainup_gpu.py --strategy horovod`"),
 ])
 def test_flags_that_contradict_horovodrun(monkeypatch, processes, nodes, strategy, needle):
     horovodrun_variables(monkeypatch)
-    with pytest.raises(UsageError, match=needle):
-        launch.resolve(processes, nodes, "--gpus", strategy=strategy)
+    with pytest.raises(UsageError) as caught:
+        launch.resolve(processes, nodes, engines.get(strategy))
+    assert needle in in_flag_terms(caught.value, "--gpus")
 
 
 def test_uneven_slots_are_refused(monkeypatch):
     horovodrun_variables(monkeypatch, size=3, local_size=2, cross_size=1)
     with pytest.raises(UsageError, match="same slots"):
-        launch.resolve(None, None, "--gpus", strategy="horovod")
+        launch.resolve(None, None, engines.get("horovod"))
 
 
 @pytest.mark.parametrize("processes, nodes", [(2, None), (1, 2)])
@@ -81,11 +83,11 @@ def test_horovod_with_many_processes_outside_horovodrun_names_the_command(
     for name in ("HOROVOD_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", launch.SIMULATED_NODE_ENV):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(UsageError, match=r"`horovodrun -np 2 --gloo python trainup_gpu.py"):
-        launch.resolve(processes, nodes, "--gpus", strategy="horovod")
+        launch.resolve(processes, nodes, engines.get("horovod"))
 
 
 def test_horovod_alone_is_one_process(monkeypatch):
     for name in ("HOROVOD_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", launch.SIMULATED_NODE_ENV):
         monkeypatch.delenv(name, raising=False)
-    topology = launch.resolve(None, None, "--gpus", strategy="horovod")
+    topology = launch.resolve(None, None, engines.get("horovod"))
     assert (topology.launcher, topology.world_size) == ("single", 1)

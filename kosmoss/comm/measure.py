@@ -1,0 +1,98 @@
+"""One ``kosmoss comm`` measurement: check the plan, start the ranks, turn their timings
+into figures (comm.json's content).
+
+    from kosmoss.comm.measure import make_plan, measure
+    result = measure(make_plan(ranks=2, sizes=[2**20, 8 * 2**20]))
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Iterable, List, Optional
+
+from ..errors import UsageError
+from . import figures
+from .ranks import CommPlan, plan_as_dict, run
+
+DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 2
+
+
+def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "auto",
+              sizes: Optional[Iterable[int]] = None, max_size: Optional[int] = None,
+              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP) -> CommPlan:
+    """The plan, or a UsageError naming the flag; ``sizes`` None: 4 KiB..256 MiB, the
+    model's gradient and DDP's bucket."""
+    import torch
+
+    from ..cpus import cores_per_process
+
+    _check_counts(ranks, nodes, repeats, warmup)
+    cuda = torch.cuda.is_available()
+    device = ("cuda" if cuda else "cpu") if device == "auto" else device
+    if device == "cuda" and not cuda:
+        raise UsageError("--device cuda: no CUDA GPU here; use --device cpu")
+    # Every rank runs on this host, simulated nodes too: they share its GPUs.
+    backend = _backend(backend, device, ranks, torch.cuda.device_count() if cuda else 0)
+    chosen = _sizes(sizes, max_size)
+    return CommPlan(ranks=ranks, nodes=nodes, backend=backend, device=device, sizes=chosen,
+                    repeats=repeats, warmup=warmup, threads_per_rank=cores_per_process(ranks))
+
+
+def _check_counts(ranks: int, nodes: int, repeats: int, warmup: int) -> None:
+    if ranks < 2:
+        raise UsageError(f"--ranks {ranks}: an all-reduce needs at least 2 ranks")
+    if nodes < 1 or ranks % nodes:
+        raise UsageError(f"--nodes {nodes}: must be >= 1 and divide --ranks {ranks} "
+                         "(ranks are spread evenly over the simulated nodes)")
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats}: must be >= 1")
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup}: must be >= 0")
+
+
+def _backend(backend: str, device: str, ranks: int, gpus: int) -> str:
+    if backend == "auto":
+        # NCCL refuses two ranks on one GPU: ranks sharing GPUs use gloo.
+        return "nccl" if device == "cuda" and ranks <= gpus else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("--backend nccl: NCCL reduces CUDA tensors only; use --device cuda "
+                         "on a GPU machine, or --backend gloo")
+    if backend == "nccl" and ranks > gpus:
+        raise UsageError(f"--backend nccl: {ranks} ranks on this host but {gpus} GPU(s); NCCL "
+                         "refuses two ranks on one GPU, use --backend gloo to share them")
+    return backend
+
+
+def _sizes(sizes: Optional[Iterable[int]], max_size: Optional[int]) -> tuple:
+    if sizes is None:
+        extra = (figures.model_gradient_bytes(), figures.DDP_BUCKET_BYTES)
+        chosen = figures.default_sizes(extra, max_size)
+    else:
+        chosen = sorted({s for s in sizes if max_size is None or s <= max_size})
+    if not chosen:
+        raise UsageError(f"--max-size {figures.human_size(max_size or 0)}: smaller than every "
+                         "size; raise it or give --sizes")
+    return tuple(chosen)
+
+
+def measure(plan: CommPlan, master_port: Optional[int] = None) -> dict:
+    """Run the ranks; comm.json: the plan, each group's sizes with their figures, its fit."""
+    from ..launch import free_port
+
+    started = datetime.now().astimezone()
+    times = run(plan, master_port or free_port())
+    return {
+        "kosmoss_comm": 1,
+        "date": started.isoformat(timespec="seconds"),
+        "plan": plan_as_dict(plan),
+        "model_gradient_bytes": figures.model_gradient_bytes(),
+        "ddp_bucket_bytes": figures.DDP_BUCKET_BYTES,
+        "groups": {name: group_figures(name, plan, times[name]) for name in plan.groups},
+    }
+
+
+def group_figures(name: str, plan: CommPlan, times: List[List[float]]) -> dict:
+    """One collective's rows (a size each) and its α–β fit."""
+    ranks = {"world": plan.ranks, "intra": plan.ranks_per_node, "inter": plan.nodes}[name]
+    rows = [figures.size_row(size, repeats, ranks) for size, repeats in zip(plan.sizes, times)]
+    fit = figures.fit_rows(rows, ranks)
+    return {"ranks": ranks, "rows": rows, "fit": fit.as_dict() if fit else None}

@@ -1,0 +1,172 @@
+"""Start the ranks of an all-reduce benchmark on this host and time each payload size.
+
+``torch.multiprocessing.start_processes`` starts them (its children set PR_SET_PDEATHSIG,
+so none outlives this process); each rank joins one process group through
+``init_process_group("env://")`` with MASTER_ADDR 127.0.0.1 and a free port, as kosmoss's
+simulated nodes do: ``nodes`` node groups of ``ranks // nodes`` ranks, NODE_RANK set in
+each. With more than one node and more than one rank per node, the ranks also time the
+two halves of a hierarchical all-reduce: inside each node (``intra``) and across nodes
+between ranks of the same local rank (``inter``), all node groups at once.
+
+Per size: ``warmup`` all-reduces, then ``repeats`` timed repeats; a repeat is a barrier,
+then ``iters`` back-to-back all-reduces (nccl-tests' loop: enough to last about
+``MIN_REPEAT_S``, agreed by all ranks), divided by ``iters``. A repeat's time is the
+slowest rank's.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+MIN_REPEAT_S = 0.005
+GROUP_TIMEOUT_S = 120  # a rank that never arrives fails the run instead of hanging it
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    ranks: int  # the whole world
+    nodes: int
+    backend: str  # gloo | nccl
+    device: str  # cpu | cuda
+    sizes: Tuple[int, ...]
+    repeats: int
+    warmup: int
+    threads_per_rank: int
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
+
+    @property
+    def groups(self) -> Tuple[str, ...]:
+        """The collectives timed: the world's, then a hierarchical all-reduce's two halves."""
+        hierarchical = self.nodes > 1 and self.ranks_per_node > 1
+        return ("world", "intra", "inter") if hierarchical else ("world",)
+
+
+def run(plan: CommPlan, master_port: int) -> Dict[str, List[List[float]]]:
+    """Start the ranks, wait for them; per group, per size, the repeats' times (seconds)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="kosmoss-comm-") as scratch:
+        result = Path(scratch) / "times.json"
+        mp.start_processes(_rank_main, args=(plan, master_port, str(result)), nprocs=plan.ranks,
+                           join=True, start_method="spawn")
+        return json.loads(result.read_text())
+
+
+def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    local_rank, node_rank = rank % plan.ranks_per_node, rank // plan.ranks_per_node
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(plan.ranks), LOCAL_RANK=str(local_rank),
+                      NODE_RANK=str(node_rank), OMP_NUM_THREADS=str(plan.threads_per_rank))
+    torch.set_num_threads(plan.threads_per_rank)  # torch is imported already: env is too late
+    device = _device(plan, rank)
+    dist.init_process_group(plan.backend, init_method="env://", rank=rank,
+                            world_size=plan.ranks, timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+                            **({"device_id": device} if plan.backend == "nccl" else {}))
+    try:
+        groups = _groups(plan, rank)
+        times = {name: [_time_size(size, plan, device, groups[name]) for size in plan.sizes]
+                 for name in plan.groups}
+        if rank == 0:
+            Path(result).write_text(json.dumps(times))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _device(plan: CommPlan, rank: int):
+    import torch
+
+    if plan.device == "cpu":
+        return torch.device("cpu")
+    # All ranks are on this host. NCCL needs a GPU per rank; gloo ranks may share one.
+    index = rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _groups(plan: CommPlan, rank: int) -> dict:
+    """This rank's process group for each collective. Every rank creates every subgroup
+    (torch.distributed requires it), in the same order."""
+    import torch.distributed as dist
+
+    groups = {"world": dist.group.WORLD}
+    if "intra" in plan.groups:
+        per_node = plan.ranks_per_node
+        nodes = [list(range(n * per_node, (n + 1) * per_node)) for n in range(plan.nodes)]
+        across = [list(range(local, plan.ranks, per_node)) for local in range(per_node)]
+        groups["intra"] = _member_group(nodes, rank)
+        groups["inter"] = _member_group(across, rank)
+    return groups
+
+
+def _member_group(rank_lists: List[List[int]], rank: int):
+    import torch.distributed as dist
+
+    mine = None
+    for ranks in rank_lists:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def _time_size(size: int, plan: CommPlan, device, group) -> List[float]:
+    """The repeats' times of one size, each the slowest rank's (seconds per all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    warm = [_timed_loop(tensor, 1, device, group) for _ in range(max(1, plan.warmup))]
+    iters = _agreed_iters(min(warm), device)
+    times = torch.tensor([_timed_loop(tensor, iters, device, group) / iters
+                          for _ in range(plan.repeats)], dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective ends when its slowest rank does
+    return times.tolist()
+
+
+def _timed_loop(tensor, iters: int, device, group) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor, group=group)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _agreed_iters(warm_s: float, device) -> int:
+    """Enough back-to-back all-reduces to last MIN_REPEAT_S; every rank must use the same."""
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor([warm_s], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return max(1, min(1000, math.ceil(MIN_REPEAT_S / max(float(slowest), 1e-7))))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plan_as_dict(plan: CommPlan) -> dict:
+    return {**asdict(plan), "sizes": list(plan.sizes), "ranks_per_node": plan.ranks_per_node,
+            "groups": list(plan.groups)}

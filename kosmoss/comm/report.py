@@ -1,0 +1,115 @@
+"""What ``kosmoss comm`` leaves behind: a rich table, and comm.json, comm.csv, comm.png."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Callable, List
+
+from rich.table import Table
+
+from .figures import human_size
+
+OUTPUTS = ("comm.json", "comm.csv", "comm.png")
+CSV_COLUMNS = ("group", "ranks", "bytes", "size", "repeats", "time_s", "min_time_s",
+               "max_time_s", "algbw_Bps", "busbw_Bps")
+
+
+def _gbps(value) -> str:
+    return "" if value is None else f"{value / 1e9:.3f}"
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:,.2f} ms"
+
+
+def table(result: dict) -> Table:
+    plan = result["plan"]
+    grid = Table(title=f"kosmoss comm: all-reduce, {plan['ranks']} ranks ({plan['nodes']} "
+                       f"node(s) x {plan['ranks_per_node']}), {plan['backend']} on "
+                       f"{plan['device']}, median of {plan['repeats']}",
+                 caption=_caption(result), caption_justify="left")
+    for name in ("group", "size", "time", "algbw GB/s", "busbw GB/s", "min..max"):
+        grid.add_column(name, justify="left" if name == "group" else "right")
+    marks = {result["model_gradient_bytes"]: " (gradients)", result["ddp_bucket_bytes"]: " (bucket)"}
+    for name, group in result["groups"].items():
+        for row in group["rows"]:
+            grid.add_row(f"{name} ({group['ranks']})", row["size"] + marks.get(row["bytes"], ""),
+                         _time(row["time_s"]), _gbps(row["algbw_Bps"]), _gbps(row["busbw_Bps"]),
+                         f"{_time(row['min_time_s'])}..{_time(row['max_time_s'])}")
+    return grid
+
+
+def _caption(result: dict) -> str:
+    fits = []
+    for name, group in result["groups"].items():
+        fit = group["fit"]
+        if fit:
+            fits.append(f"{name}: t = {_time(fit['alpha_s'])} + bytes / "
+                        f"{_gbps(fit['asymptotic_algbw_Bps'])} GB/s (link: "
+                        f"{_time(fit['link_latency_s'])} a hop, "
+                        f"{_gbps(fit['link_bandwidth_Bps'])} GB/s)")
+    return ("busbw = algbw x 2(n-1)/n (nccl-tests). α–β fit, " + "; ".join(fits) +
+            f". Gradients of kosmoss's MLP: {human_size(result['model_gradient_bytes'])}.")
+
+
+def _write(path: Path, write: Callable[[Path], None]) -> None:
+    """Through a temporary file: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def csv_text(result: dict) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for name, group in result["groups"].items():
+        for row in group["rows"]:
+            writer.writerow({"group": name, "ranks": group["ranks"], **row})
+    return buffer.getvalue()
+
+
+def write_png(result: dict, path: Path) -> None:
+    """Time and busbw against size (log-log), measured points and the α–β fit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(figure)
+    times, bandwidth = figure.subplots(1, 2)
+    for k, (name, group) in enumerate(result["groups"].items()):
+        sizes = [r["bytes"] for r in group["rows"]]
+        color = f"C{k}"
+        times.plot(sizes, [r["time_s"] for r in group["rows"]], "o", color=color,
+                   label=f"{name} ({group['ranks']} ranks)")
+        bandwidth.plot(sizes, [r["busbw_Bps"] / 1e9 for r in group["rows"]], "o-", color=color,
+                       label=f"{name} busbw")
+        if group["fit"]:
+            fit = group["fit"]
+            times.plot(sizes, [fit["alpha_s"] + fit["beta_s_per_byte"] * s for s in sizes], "-",
+                       color=color, alpha=0.6, label=f"{name} α–β fit")
+    for axes in (times, bandwidth):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("payload (bytes)")
+        axes.axvline(result["model_gradient_bytes"], color="grey", linestyle=":", linewidth=1)
+        axes.legend(fontsize=8)
+    times.set_yscale("log")
+    times.set_ylabel("time per all-reduce (s)")
+    bandwidth.set_ylabel("busbw (GB/s)")
+    plan = result["plan"]
+    figure.suptitle(f"kosmoss comm, {result['date'][:10]}: {plan['ranks']} ranks, "
+                    f"{plan['backend']} on {plan['device']} (dotted: the MLP's gradients)",
+                    fontsize=10)
+    _write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+
+
+def write_all(result: dict, out_dir: Path) -> List[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / name for name in OUTPUTS]
+    _write(paths[0], lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n"))
+    _write(paths[1], lambda tmp: tmp.write_text(csv_text(result)))
+    write_png(result, paths[2])
+    return paths

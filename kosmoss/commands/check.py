@@ -1,0 +1,98 @@
+"""``kosmoss check``: run a lesson's exercises from the learner's notebook and say, for
+each, "correct" or what differs. The notebook is only read.
+
+    kosmoss check --list                 # every lesson's exercises, one line each
+    kosmoss check 03                     # every exercise of lesson 03
+    kosmoss check 03 average_gradients   # one of them
+    kosmoss check 03 --notebook my/03_data_parallelism.ipynb --json
+
+Exit code 0: all correct; 1: one is wrong or not answered yet; 2: unknown lesson or
+exercise, no marked cell, or a cell that raises (one line naming the exercise and the
+error). See docs/exercises.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..cli_support import command_main
+from ..errors import RunFailed, UsageError
+
+HELP = "check your answers to a lesson's exercises (--list shows them all)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lesson", nargs="?", help="01 .. 08, or metrics (the DDP-metrics lab)")
+    parser.add_argument("exercise", nargs="?",
+                        help="one exercise of the lesson, e.g. average_gradients (default: all)")
+    parser.add_argument("--notebook", type=Path,
+                        help="the notebook to check, .ipynb or jupytext .py (default: the "
+                             "lesson's copy in the working folder of `kosmoss lessons`)")
+    parser.add_argument("--list", action="store_true", help="list every lesson's exercises")
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.set_defaults(command=check_command)
+
+
+def register(subparsers) -> None:
+    add_arguments(subparsers.add_parser("check", help=HELP, description=HELP))
+
+
+def check_command(args: argparse.Namespace) -> None:
+    if args.list:
+        return list_exercises(args.json, args.lesson)
+    if args.lesson is None:
+        raise UsageError("give a lesson (01 .. 08, metrics), e.g. `kosmoss check 03`, or --list")
+    from ..exercises.core import catalogue, find, judge_sources
+    from ..exercises.notebook import code_cells, default_notebook, exercise_cell
+
+    chosen = catalogue(args.lesson)
+    if args.exercise:
+        name = args.exercise.split(".", 1)[-1]
+        chosen = [find(f"{args.lesson}.{name}")]
+    path = args.notebook or default_notebook(args.lesson)
+    cells = code_cells(path)
+    items = [(exercise, exercise_cell(cells, exercise, path)) for exercise in chosen]
+    verdicts = judge_sources(items)
+    if args.json:
+        print(json.dumps({"notebook": str(path), "results": [v.as_dict() for v in verdicts]},
+                         indent=2))
+    else:
+        print(f"checking {path}")
+        for verdict in verdicts:
+            print(f"  {verdict.line}")
+    _exit_status(verdicts)
+
+
+def _exit_status(verdicts) -> None:
+    errors = [v for v in verdicts if v.status == "error"]
+    if errors:
+        raise UsageError(f"{errors[0].exercise_id} — {errors[0].message}")
+    wrong = [v for v in verdicts if not v.correct]
+    if wrong:
+        raise RunFailed(f"{len(wrong)} of {len(verdicts)} exercise(s) not correct yet: "
+                        f"{', '.join(v.exercise_id for v in wrong)}")
+
+
+def list_exercises(as_json: bool, lesson: str | None = None) -> None:
+    from ..exercises.core import catalogue
+
+    exercises = catalogue(lesson)
+    if as_json:
+        print(json.dumps([{"id": e.id, "lesson": e.lesson, "title": e.title,
+                           "defines": list(e.names), "distributed": e.distributed}
+                          for e in exercises], indent=2))
+        return
+    width = max(len(e.id) for e in exercises)
+    for exercise in exercises:
+        where = " (2 gloo processes)" if exercise.distributed else ""
+        print(f"{exercise.id:{width}s}  {exercise.title}{where}")
+
+
+def main(argv=None) -> int:
+    return command_main("kosmoss check", HELP, add_arguments, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""``kosmoss comm``: all-reduce time, algbw and busbw per payload size, and an α–β fit.
+
+    kosmoss comm --ranks 2                         # gloo on CPU (NCCL on GPUs), 4 KiB..256 MiB
+    kosmoss comm --ranks 2 --max-size 32M          # a 2-core laptop: well under a minute
+    kosmoss comm --ranks 2 --sizes 1M 8M 32M --repeats 5 --json
+    kosmoss comm --ranks 4 --nodes 2               # 2 simulated nodes: world, intra, inter
+    kosmoss comm --ranks 2 --backend gloo --device cuda   # ranks sharing one GPU
+
+Writes comm.json (``kosmoss project --comm`` reads it), comm.csv and comm.png into --out
+(default: a new folder under $KOSMOSS_HOME/runs/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from ..cli_support import command_main
+from ..errors import UsageError
+
+HELP = ("all-reduce microbenchmark over ranks it starts: time, algbw, busbw per size, "
+        "latency-bandwidth fit")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--ranks", type=int, default=2, metavar="N",
+        help="processes in all, started here (default %(default)s)")
+    add("--nodes", type=int, default=1, metavar="M",
+        help="simulated nodes the ranks are spread over, NODE_RANK each (default %(default)s)")
+    add("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+        help="auto: NCCL with a GPU per rank, else gloo (default %(default)s)")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="where the tensors live; auto: a GPU if there is one (default %(default)s)")
+    add("--sizes", nargs="+", metavar="SIZE", default=None,
+        help="payloads (4K, 1.5M, 256M, bytes); default 4 KiB..256 MiB by 4x, plus the MLP's "
+             "gradients and DDP's 25 MiB bucket")
+    add("--max-size", metavar="SIZE", default=None, help="leave out larger sizes, e.g. 32M")
+    add("--repeats", type=int, default=10, metavar="N",
+        help="timed repeats per size, median reported (default %(default)s)")
+    add("--warmup", type=int, default=2, metavar="N", help="untimed all-reduces first (default 2)")
+    add("--out", type=Path, default=None, metavar="DIR",
+        help="write comm.json/.csv/.png here: a new or empty folder, or an earlier comm's")
+    add("--json", action="store_true", help="print comm.json instead of the table")
+    parser.set_defaults(command=comm_command)
+
+
+def register(subparsers) -> None:
+    add_arguments(subparsers.add_parser("comm", help=HELP, description=HELP))
+
+
+def comm_command(args: argparse.Namespace) -> None:
+    from ..comm import figures, report
+    from ..comm.measure import make_plan, measure
+
+    sizes = None if args.sizes is None else [figures.parse_size(s, "--sizes") for s in args.sizes]
+    max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
+    plan = make_plan(args.ranks, args.nodes, args.backend, args.device, sizes, max_size,
+                     args.repeats, args.warmup)
+    out_dir = output_folder(args.out)
+    progress = Console(stderr=True, highlight=False)
+    progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "
+                   f"{plan.device}, {len(plan.sizes)} sizes up to "
+                   f"{figures.human_size(max(plan.sizes))}; output in {out_dir}", markup=False)
+    result = measure(plan)
+    written = report.write_all(result, out_dir)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(
+            report.table(result))
+    progress.print("wrote " + ", ".join(map(str, written)), markup=False)
+
+
+def output_folder(out: Optional[Path]) -> Path:
+    """Nothing of the user's is overwritten: a folder that holds something must be an
+    earlier comm's."""
+    from .. import paths
+
+    if out is None:
+        return paths.runs_root() / f"comm-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+    out = out.expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder (new, empty, or an earlier "
+                         "kosmoss comm's)")
+    if out.is_dir() and any(out.iterdir()) and not (out / "comm.json").is_file():
+        raise UsageError(f"--out {out}: not empty and holds no comm.json; give a new or empty "
+                         "folder")
+    return out
+
+
+def main(argv=None) -> int:
+    return command_main("kosmoss comm", HELP, add_arguments, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

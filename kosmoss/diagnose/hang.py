@@ -1,0 +1,155 @@
+"""A run that hangs says which rank and where, instead of waiting 30 minutes.
+
+- :class:`StartupCheck` — a Lightning callback: in ``setup`` (after every rank has set up
+  its data) all ranks meet at ``torch.distributed.monitored_barrier``; rank 0 names the
+  ranks that did not arrive within the timeout, and the run fails with that name.
+- :func:`is_collective_timeout` — whether an error is a collective (or rendezvous) that
+  timed out: the rank that catches one calls :func:`write_stacks` and exits non-zero.
+- :func:`write_stacks` — the stacks of every live process of the run into the run
+  directory (``stacks/<time>-pid<pid>.txt`` and ``.json``, as ``kosmoss stacks`` prints them).
+- :func:`flight_recorder_env` — the variables that make NCCL's flight recorder dump into
+  the run directory on a timeout (set before the process group starts).
+
+    trainer = pl.Trainer(strategy=DDPStrategy(timeout=timedelta(seconds=120)),
+                         callbacks=[StartupCheck(timeout_s=120)], ...)
+    try:
+        trainer.fit(model)
+    except Exception as err:
+        if is_collective_timeout(err):
+            print(f"collective timeout; stacks of every rank in {write_stacks(run_dir)}")
+        raise
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytorch_lightning as pl
+
+from ..errors import RunFailed
+
+FLIGHT_RECORDER_DIR = "flight-recorder"
+STACKS_DIR = "stacks"
+FLIGHT_RECORDER_ENTRIES = 2000  # PyTorch's own default when the recorder is on
+# monitored_barrier on rank 0: "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
+_MISSING = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ?ms")
+# What gloo ("Timed out waiting 4000ms for recv operation"), NCCL's watchdog ("Watchdog
+# caught collective operation timeout"), the TCPStore ("Timed out after 120 seconds waiting
+# for clients") and monitored_barrier say when time runs out...
+_TIMEOUT_WORDS = ("timed out", "timeout", "failed to pass monitoredbarrier")
+# ...and what tells them from other timeouts (a DataLoader's "timed out after 5 seconds").
+_COLLECTIVE_WORDS = ("gloo", "nccl", "collective", "monitoredbarrier", "operation to complete",
+                     "clients", "store", "rendezvous", "process group")
+
+
+class StartupTimeout(RunFailed):
+    """Some ranks never reached the start-up check."""
+
+    def __init__(self, missing: List[int], timeout_s: float, detail: str) -> None:
+        self.missing, self.timeout_s = missing, timeout_s
+        names = ", ".join(map(str, missing)) or "?"
+        super().__init__(f"rank{'s' if len(missing) != 1 else ''} {names} did not reach the "
+                         f"start-up check within {timeout_s:g} s (stuck before training: "
+                         f"loading data, or never started); monitored_barrier: {detail}")
+
+
+class StartupCheck(pl.Callback):
+    """All ranks meet once before training; a rank missing after ``timeout_s`` is named.
+
+    Lightning's own barriers and DDP's first broadcast would wait for the collective
+    timeout and fail without a name; ``monitored_barrier`` (gloo only) names the ranks
+    that did not arrive. Under NCCL it runs on a gloo group made for it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self.passed_in_s: Optional[float] = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        began = time.monotonic()
+        try:
+            dist.monitored_barrier(group=group, timeout=timedelta(seconds=self.timeout_s),
+                                   wait_all_ranks=True)
+        except RuntimeError as err:
+            raise StartupTimeout(missing_ranks(err), self.timeout_s, _first_line(err)) from err
+        self.passed_in_s = time.monotonic() - began
+
+
+def missing_ranks(error: BaseException) -> List[int]:
+    """The ranks a monitored_barrier error names (rank 0 sees them; the others see only that
+    rank 0 gave up, and get [])."""
+    found = _MISSING.search(str(error))
+    return [int(rank) for rank in re.findall(r"\d+", found.group(1))] if found else []
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a collective, a barrier or the
+    rendezvous running out of time, rather than a peer that died ("Connection closed by
+    peer") or a bug."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, StartupTimeout) or _says_timeout(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _says_timeout(error: BaseException) -> bool:
+    text = str(error).lower()
+    if not any(words in text for words in _TIMEOUT_WORDS):
+        return False
+    # torch.distributed's DistError family (DistBackendError, DistStoreError, ...)
+    distributed = any(cls.__name__.startswith("Dist") for cls in type(error).__mro__)
+    return distributed or any(words in text for words in _COLLECTIVE_WORDS)
+
+
+def write_stacks(run_dir: Path) -> Path:
+    """Dump the stacks of every live process of the run into ``run_dir/stacks/`` (text, and
+    JSON beside it) and return the text file. The caller's own stack is read in-process."""
+    from .runs import live_run_at
+    from .stacks import collect, render_json, render_text
+    from ..files import atomic_write_json, atomic_write_text
+
+    run = live_run_at(Path(run_dir), require_alive=False)
+    dump = collect(run, native=False)
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}"
+    folder = Path(run_dir) / STACKS_DIR
+    atomic_write_json(folder / f"{stem}.json", render_json(dump))
+    return atomic_write_text(folder / f"{stem}.txt", render_text(dump))
+
+
+def flight_recorder_env(run_dir: Path) -> Dict[str, str]:
+    """Environment for NCCL's flight recorder (torch >= 2.3): keep the last collectives of
+    each rank, and on a timeout dump them to ``run_dir/flight-recorder/rank-<rank>``.
+    Both spellings of each name, as torch 2.13 reads either (``TORCH_FR_*`` first); and a
+    pipe per rank that dumps on demand. Read the dumps with ``python -m
+    torch.distributed.flight_recorder.fr_trace DIR -p rank-`` (torch's ``torchfrtrace``).
+    Creates the folder: the recorder does not."""
+    folder = Path(run_dir) / FLIGHT_RECORDER_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = str(folder / "rank-")  # torch appends the rank
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+        "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",  # the dump on timeout needs the monitor thread
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        # A named pipe per rank: `echo > <run dir>/flight-recorder/dump-now-0.pipe` dumps
+        # rank 0's recorder at once, while the run still hangs.
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(folder / "dump-now-"),
+    }
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__

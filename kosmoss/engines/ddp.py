@@ -1,0 +1,40 @@
+"""DDP through torch.distributed, as Lightning's DDPStrategy runs it: gloo on CPU and for
+ranks that share a GPU, NCCL for one rank per GPU (:func:`kosmoss.devices.sharing`)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Optional
+
+import torch
+
+from ..devices import Sharing
+from ..errors import ConfigError
+from .base import Engine
+
+
+class DDPEngine(Engine):
+    name = "ddp"
+    uses_process_group = True
+
+    def check_launch(self, launcher: str, ranks: int) -> None:
+        if launcher == "horovodrun":
+            raise ConfigError("strategy", "horovodrun started this process but {field} is ddp: "
+                              "run `trainup_gpu.py --strategy horovod` (DDP would train each "
+                              "rank alone)")
+
+    def strategy(self, share: Sharing, world_size: int, timeout: Optional[timedelta]):
+        if world_size == 1:
+            return "auto"
+        from pytorch_lightning.strategies import DDPStrategy
+
+        options = {"timeout": timeout} if timeout else {}
+        return DDPStrategy(process_group_backend=share.backend, **options)
+
+    def backend(self, share: Sharing, world_size: int) -> str:
+        return share.backend if world_size > 1 else "none"
+
+    def shutdown(self) -> None:
+        if torch.distributed.is_initialized():
+            # Lightning leaves the group up; a rank exiting with gloo's threads alive was seen
+            # to abort ("terminate called without an active exception", 1 torchrun run in 12).
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,313 @@
+"""The mechanism behind :mod:`kosmoss.exercises`: the catalogue, running a learner's
+cell, and turning what a checker found into one line.
+
+An :class:`Exercise` is judged in one of two ways:
+
+- in this process: ``judge(namespace)`` calls the learner's functions through
+  :func:`learner` and returns :func:`passed` or :func:`failed`;
+- in 2 gloo processes (``rank_task`` set): every rank runs the cell's source and
+  ``rank_task(namespace, rank, world_size)``; ``judge(per_rank_results)`` then decides
+  (:mod:`kosmoss.exercises.distributed`).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+import textwrap
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import UsageError
+
+LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "lesson04",
+                  "05": "lesson05", "06": "lesson06", "07": "lesson07", "08": "lesson08",
+                  "metrics": "metrics"}
+MARKER = re.compile(r"^#\s*exercise:\s*(\S+)\s*$")
+CORRECT, WRONG, ERROR = "correct", "wrong", "error"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str  # "<lesson>.<name>"
+    statement: str  # markdown; its first line is the summary `--list` prints
+    skeleton_body: str  # the cell the learner starts from, without the marker line
+    reference: str  # a correct cell body
+    wrong: Dict[str, str]  # name -> a wrong cell body the checker must reject
+    judge: Callable[..., Tuple[bool, str]]
+    rank_task: Optional[Callable[[dict, int, int], Any]] = None  # set: runs in 2 gloo ranks
+    names: Tuple[str, ...] = field(default=())  # what the cell must define
+
+    @property
+    def lesson(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.id.split(".", 1)[1]
+
+    @property
+    def distributed(self) -> bool:
+        return self.rank_task is not None
+
+    @property
+    def title(self) -> str:
+        return self.statement.strip().splitlines()[0].lstrip("#* ").rstrip("*")
+
+    @property
+    def skeleton(self) -> str:
+        return self.cell(self.skeleton_body)
+
+    @property
+    def checker_cell(self) -> str:
+        return f'from kosmoss.exercises import check; check("{self.id}", globals())'
+
+    def cell(self, body: str) -> str:
+        """A whole exercise cell: the marker line, then ``body``."""
+        return f"# exercise: {self.id}\n{textwrap.dedent(body).strip()}\n"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exercise_id: str
+    status: str  # correct | wrong | error
+    message: str
+
+    @property
+    def correct(self) -> bool:
+        return self.status == CORRECT
+
+    @property
+    def line(self) -> str:
+        return f"{self.status}: {self.exercise_id} — {self.message}"
+
+    def as_dict(self) -> dict:
+        return {"exercise": self.exercise_id, "status": self.status, "message": self.message}
+
+
+def passed(message: str) -> Tuple[bool, str]:
+    return True, message
+
+
+def failed(message: str) -> Tuple[bool, str]:
+    return False, message
+
+
+class NotAnswered(Exception):
+    """The learner's function still raises NotImplementedError, or is missing."""
+
+
+class LearnerRaised(Exception):
+    """The learner's code raised: the message names the error and the line of the cell."""
+
+
+def learner(namespace: Dict[str, Any], name: str) -> Callable:
+    """The learner's function ``name``, wrapped so that what it raises becomes a verdict
+    (and not a traceback out of the checker)."""
+    function = namespace.get(name)
+    if function is None:
+        raise NotAnswered(f"your cell does not define `{name}`: run the exercise cell first")
+    if not callable(function):
+        raise NotAnswered(f"`{name}` is a {type(function).__name__}, not a function")
+
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except NotImplementedError:
+            raise NotAnswered(f"not answered yet: `{name}` still raises "
+                              "NotImplementedError") from None
+        except Exception as err:
+            raise LearnerRaised(describe_error(err, _code_file(function))) from None
+
+    call.raw = function
+    return call
+
+
+def describe_error(err: BaseException, cell_file: Optional[str] = None) -> str:
+    """``ValueError: ... (line 4 of your cell)`` for an error raised by the learner."""
+    if isinstance(err, SyntaxError):
+        return f"your cell has a {type(err).__name__}: {err.msg} (line {err.lineno})"
+    where = ""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if cell_file is None or f.filename == cell_file]
+    if frames:
+        where = f" (line {frames[-1].lineno} of your cell)"
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"your code raised {type(err).__name__}{': ' + text if text else ''}{where}"
+
+
+def number(value: Any) -> Optional[float]:
+    """A learner's answer as a float (Python, numpy or 0-d torch number), else None."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def show(value: Any) -> str:
+    """A learner's answer as a message shows it: numbers to 6 significant digits."""
+    if isinstance(value, bool) or number(value) is None or isinstance(value, str):
+        return repr(value)
+    return f"{number(value):.6g}"
+
+
+def _code_file(function: Callable) -> Optional[str]:
+    code = getattr(function, "__code__", None)
+    return code.co_filename if code else None
+
+
+# ---------------------------------------------------------------- the catalogue
+
+
+def catalogue(lesson: Optional[str] = None) -> List[Exercise]:
+    lessons = LESSON_MODULES if lesson is None else {lesson: module_name(lesson)}
+    found = []
+    for key, module in lessons.items():
+        found += importlib.import_module(f"{__package__}.{module}").EXERCISES
+    return found
+
+
+def module_name(lesson: str) -> str:
+    if lesson not in LESSON_MODULES:
+        raise UsageError(f"unknown lesson {lesson!r}: choose one of "
+                         f"{', '.join(LESSON_MODULES)} (kosmoss check --list shows them all)")
+    return LESSON_MODULES[lesson]
+
+
+def find(exercise_id: str) -> Exercise:
+    lesson, _, name = exercise_id.partition(".")
+    for exercise in catalogue(lesson):
+        if exercise.name == name:
+            return exercise
+    names = ", ".join(e.name for e in catalogue(lesson))
+    raise UsageError(f"unknown exercise {exercise_id!r}: lesson {lesson} has {names}")
+
+
+def notebook_glob(lesson: str) -> str:
+    module = importlib.import_module(f"{__package__}.{module_name(lesson)}")
+    return getattr(module, "NOTEBOOK_GLOB", f"{lesson}_*")
+
+
+# ---------------------------------------------------------------- judging
+
+
+def seeded_namespace() -> Dict[str, Any]:
+    """What a cell run on its own starts with: the imports every lesson makes anyway."""
+    import math
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    return {"__name__": "__exercise__", "math": math, "np": np, "torch": torch,
+            "dist": dist, "nn": nn}
+
+
+def cell_filename(exercise: Exercise) -> str:
+    return f"<exercise {exercise.id}>"
+
+
+def run_cell(exercise: Exercise, source: str) -> Dict[str, Any]:
+    """Execute a cell alone in a fresh namespace; raises LearnerRaised if it raises."""
+    namespace = seeded_namespace()
+    try:
+        exec(compile(source, cell_filename(exercise), "exec"), namespace)
+    except NotImplementedError:
+        raise NotAnswered("not answered yet: your cell raises NotImplementedError") from None
+    except Exception as err:
+        raise LearnerRaised(describe_error(err, cell_filename(exercise))) from None
+    return namespace
+
+
+def verdict(exercise: Exercise, judged: Callable[[], Tuple[bool, str]]) -> Verdict:
+    try:
+        ok, message = judged()
+    except NotAnswered as err:
+        return Verdict(exercise.id, WRONG, str(err))
+    except LearnerRaised as err:
+        return Verdict(exercise.id, ERROR, str(err))
+    return Verdict(exercise.id, CORRECT if ok else WRONG, message)
+
+
+def judge_sources(items: Sequence[Tuple[Exercise, str]], *,
+                  timeout_s: Optional[float] = None) -> List[Verdict]:
+    """Judge cells given as source, in order. The distributed ones share one launch of
+    2 gloo processes (starting processes costs more than the checks)."""
+    from .distributed import run_in_ranks
+
+    verdicts: Dict[int, Verdict] = {}
+    for i, (exercise, source) in enumerate(items):
+        if untouched(exercise, source):  # no need to start processes to say so
+            verdicts[i] = Verdict(exercise.id, WRONG, "not answered yet: your cell is still "
+                                  "the one the lesson ships")
+    spread = [(i, ex, src) for i, (ex, src) in enumerate(items)
+              if ex.distributed and i not in verdicts]
+    for i, (exercise, source) in enumerate(items):
+        if not exercise.distributed and i not in verdicts:
+            verdicts[i] = verdict(exercise, lambda e=exercise, s=source: e.judge(run_cell(e, s)))
+    if spread:
+        outcomes = run_in_ranks([(ex, src) for _, ex, src in spread], timeout_s=timeout_s)
+        for (i, exercise, _), ranks in zip(spread, outcomes):
+            verdicts[i] = verdict(exercise, lambda e=exercise, r=ranks: judge_ranks(e, r))
+    return [verdicts[i] for i in range(len(items))]
+
+
+def untouched(exercise: Exercise, source: str) -> bool:
+    return source.split() == exercise.skeleton.split()
+
+
+def judge_ranks(exercise: Exercise, ranks) -> Tuple[bool, str]:
+    """Every rank ran; raise what a rank raised (timeouts explained), else judge."""
+    for rank, outcome in enumerate(ranks):
+        if outcome.kind == "not-answered":
+            raise NotAnswered(outcome.value)
+        if outcome.kind == "raised":
+            raise LearnerRaised(f"rank {rank}: {outcome.value}")
+    return exercise.judge([outcome.value for outcome in ranks])
+
+
+def check_in_notebook(exercise_id: str, namespace: Optional[Dict[str, Any]]) -> bool:
+    """The checker cell. Prints one line; never raises (a bad id prints it too)."""
+    try:
+        exercise = find(exercise_id)
+    except UsageError as err:
+        print(f"error: {exercise_id} — {err}")
+        return False
+    if namespace is None:
+        namespace = sys._getframe(2).f_globals  # check("id") without globals(): the caller's
+    if exercise.distributed:
+        source = cell_source(exercise, namespace)
+        if source is None:
+            result = Verdict(exercise.id, WRONG, "could not find your cell's code: run the "
+                             f"cell that starts with `# exercise: {exercise.id}` first")
+        else:
+            result = judge_sources([(exercise, source)])[0]
+    else:
+        result = verdict(exercise, lambda: exercise.judge(namespace))
+    print(result.line, flush=True)
+    return result.correct
+
+
+def cell_source(exercise: Exercise, namespace: Dict[str, Any]) -> Optional[str]:
+    """The learner's cell as they last ran it: IPython's input history (``In``), else the
+    source of the functions it defines."""
+    for entry in reversed(list(namespace.get("In") or [])):
+        if marked_id(entry) == exercise.id:
+            return entry
+    sources = []
+    for name in exercise.names:
+        try:
+            sources.append(inspect.getsource(namespace[name]))
+        except (KeyError, OSError, TypeError):
+            return None
+    return "\n\n".join(sources) or None
+
+
+def marked_id(source: str) -> Optional[str]:
+    """The exercise id of a cell whose first line is ``# exercise: <id>``."""
+    first = source.lstrip("\n").split("\n", 1)[0]
+    match = MARKER.match(first.strip())
+    return match.group(1) if match else None

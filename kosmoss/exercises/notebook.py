@@ -1,0 +1,58 @@
+"""Reading a learner's notebook (only reading: it is never written) and finding its
+exercise cells.
+
+    kosmoss check 03 --notebook kosmoss-lessons/03_data_parallelism.ipynb
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+from ..errors import UsageError
+from .core import Exercise, marked_id, notebook_glob
+
+INSTALL_HINT = 'pip install "kosmoss[lessons]"'
+WORKING_FOLDER = Path("kosmoss-lessons")  # `kosmoss lessons`' default --dest
+MANIFEST = ".kosmoss-lessons.json"  # what `kosmoss lessons` writes in its working folder
+
+
+def default_notebook(lesson: str, cwd: Path | None = None) -> Path:
+    """The lesson's copy in the working folder: the current folder if ``kosmoss lessons``
+    wrote it, else ``./kosmoss-lessons``; of ``.ipynb`` and ``.py``, the one saved last."""
+    here = Path.cwd() if cwd is None else cwd
+    folder = here if (here / MANIFEST).is_file() else here / WORKING_FOLDER
+    pattern = notebook_glob(lesson)
+    copies = [p for suffix in (".ipynb", ".py") for p in folder.glob(pattern + suffix)]
+    if not copies:
+        raise UsageError(f"no copy of lesson {lesson} in {folder}: run `kosmoss lessons` "
+                         "there first, or give --notebook PATH")
+    # Saved last wins; on a tie the .ipynb, the file JupyterLab saves.
+    return max(copies, key=lambda p: (p.stat().st_mtime, p.suffix == ".ipynb"))
+
+
+def code_cells(path: Path) -> List[str]:
+    """The source of every code cell of a notebook, ``.ipynb`` or jupytext ``.py``."""
+    if not path.is_file():
+        raise UsageError(f"--notebook {path}: no such file; give the lesson's .ipynb or .py")
+    try:
+        import jupytext
+    except ImportError:
+        raise UsageError(f"reading a notebook needs jupytext: {INSTALL_HINT}") from None
+    try:
+        notebook = jupytext.read(path)
+    except Exception as err:  # jupytext and nbformat raise many kinds for a broken file
+        raise UsageError(f"--notebook {path}: cannot read it as a notebook "
+                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                         ")") from None
+    return [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def exercise_cell(cells: List[str], exercise: Exercise, path: Path) -> str:
+    """The learner's cell for ``exercise``: the last one marked with its id (a learner who
+    copied the cell to try again means the newer try)."""
+    marked = [source for source in cells if marked_id(source) == exercise.id]
+    if not marked:
+        raise UsageError(f"{exercise.id}: {path} has no cell whose first line is "
+                         f"`# exercise: {exercise.id}`; add it back (kosmoss check --list "
+                         "shows the exercises) or give --notebook PATH")
+    return marked[-1]

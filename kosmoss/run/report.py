@@ -1,0 +1,114 @@
+"""``report(plan, outcome)``: result.json (the contract in README.md) and the one-line
+summary, written by global zero only."""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from .. import __version__
+from ..data.stats import Statistics
+from ..files import atomic_write_json
+from .plan import RunPlan
+from .train import Outcome
+
+
+def report(plan: RunPlan, outcome: Outcome, *, echo: Callable[[str], None]) -> dict:
+    result = result_of(plan, outcome)
+    if outcome.is_global_zero:
+        write_results(result, plan.run_dir, plan.config.result_json)
+        echo(summary(result))
+        if outcome.requeued_job:
+            echo(f"requeued Slurm job {outcome.requeued_job}: it resumes from "
+                 f"{plan.run_dir / 'checkpoints'}")
+    return result
+
+
+def result_of(plan: RunPlan, outcome: Outcome) -> dict:
+    meter, config = outcome.meter, plan.config
+    return {
+        "run_id": plan.run_id,
+        "run_dir": str(plan.run_dir),
+        "dataset": str(plan.dataset.path),
+        "n_samples": plan.dataset.n_samples,
+        "split_sizes": dict(plan.split_sizes),
+        **topology_fields(plan),
+        "global_step": outcome.global_step,
+        "epochs": outcome.epochs,
+        "train_samples_per_s": meter.samples_per_s,
+        "time_to_first_step_s": meter.first_step_s,
+        "first_step_unix": meter.first_step_unix,
+        "val_curve": meter.val_curve,
+        "peak_host_rss_mib": meter.peak_host_rss_mib,
+        "peak_gpu_mib": meter.peak_gpu_mib,
+        **outcome.scores,
+        "mean_baseline_loss": mean_baseline_loss(plan.dataset.statistics()),
+        "params": outcome.params,
+        "replica_checksums": outcome.replica_checksums,
+        "replicas_identical": outcome.replicas_identical,
+        "precision": config.precision,
+        "activation_dtype": outcome.activation_dtype,
+        "stopped_by": outcome.stopped_by,
+        "resumed_from": str(plan.resume_from) if plan.resume_from else None,
+        "resumed_from_step": plan.resumed_from_step,
+        "collective_timeout_s": plan.collective_timeout.total_seconds(),
+        "warnings": list(plan.warnings),
+        "seed": config.seed,
+        "config": config.as_dict(),
+        "versions": versions(),
+    }
+
+
+def topology_fields(plan: RunPlan) -> dict:
+    scaling, policy, share, world = plan.scaling, plan.policy, plan.share, plan.scaling.world_size
+    return {
+        "launcher": plan.topology.launcher.value,
+        "world_size": world,
+        "num_nodes": scaling.num_nodes,
+        "devices_per_node": scaling.devices_per_node,
+        "accelerator": policy.accelerator,
+        "device": str(policy.device),
+        "strategy": plan.engine.strategy_name(world),
+        "backend": plan.engine.backend(share, world),
+        "gpu_memory_fraction": share.memory_fraction if policy.gpu else None,
+        "global_batch_size": scaling.global_batch_size,
+        "per_device_batch_size": scaling.per_device_batch_size,
+        "base_batch_size": scaling.base_batch_size,
+        "base_lr": scaling.base_lr,
+        "lr": scaling.lr,
+        "lr_rule": scaling.lr_rule,
+        "lr_factor": scaling.lr_factor,
+        "warmup_steps": scaling.warmup_steps,
+    }
+
+
+def summary(result: dict) -> str:
+    if result["stopped_by"]:
+        return (f"stopped by {result['stopped_by']} at step {result['global_step']}, checkpoint "
+                f"saved; continue with --resume {result['run_id']}")
+    speed = result["train_samples_per_s"]
+    return (f"val_loss {result['val_loss']:.4g} (predicting the mean: "
+            f"{result['mean_baseline_loss']:.3g}), test_loss {result['test_loss']:.4g}, "
+            f"{result['params']:,} parameters, "
+            f"{f'{speed:,.0f} samples/s' if speed else 'too few steps to time'}; "
+            f"results in {result['run_dir']}/result.json")
+
+
+def mean_baseline_loss(stats: Statistics) -> float:
+    """Loss of always predicting the mean, on normalised targets: the bar to beat."""
+    return float(np.mean((stats.y_std / stats.y_scale()) ** 2))
+
+
+def versions() -> dict:
+    import pytorch_lightning as pl
+    import torch
+
+    return {"kosmoss": __version__, "torch": torch.__version__, "lightning": pl.__version__,
+            "python": platform.python_version()}
+
+
+def write_results(result: dict, run_dir: Path, extra: Optional[Path]) -> None:
+    for target in [run_dir / "result.json"] + ([Path(extra)] if extra else []):
+        atomic_write_json(target, result)

@@ -1,0 +1,48 @@
+"""The one step clock: samples/s in steady state, for a kosmoss run (through
+:class:`kosmoss.run.callbacks.ThroughputMeter`) and for the bench's raw loop alike.
+
+The first step (warm-up) is not counted, nor any pause (validation); on a GPU the clock
+waits for the queued steps where an interval starts and ends (CUDA runs behind Python).
+Lightning's ThroughputMonitor logs windowed per-step values to the loggers; a run summary
+and the bench need one number and the same rule on both sides, so it is kept here.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.samples, self.elapsed = 0, 0.0
+        self.first_step_unix: Optional[float] = None
+        self._last: Optional[float] = None
+
+    def step_done(self, samples: int, device: torch.device) -> bool:
+        """Count a finished step; True for the first one (the warm-up)."""
+        now = synced_clock(device) if self._last is None else time.perf_counter()
+        first = self.first_step_unix is None
+        if first:
+            self.first_step_unix = time.time()
+        elif self._last is not None:
+            self.elapsed += now - self._last
+            self.samples += samples
+        self._last = now
+        return first
+
+    def pause(self, device: torch.device) -> None:
+        if self._last is not None and device.type == "cuda":
+            self.elapsed += synced_clock(device) - self._last  # the queued steps
+        self._last = None
+
+    @property
+    def samples_per_s(self) -> Optional[float]:
+        return self.samples / self.elapsed if self.elapsed > 0 else None
+
+
+def synced_clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,67 @@
+"""``kosmoss comm`` as a user runs it: bad input, and a real 2-rank gloo run."""
+import csv
+import json
+
+import pytest
+
+from kosmoss.commands import comm
+
+MIB = 2**20
+
+
+def fails(capsys, argv) -> str:
+    try:
+        code = comm.main(argv)
+    except SystemExit as stop:  # argparse's own errors exit from inside the parser
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kosmoss comm: error: ")
+    return err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "1"], "--ranks 1: an all-reduce needs at least 2 ranks"),
+    (["--sizes", "1M", "0"], "--sizes 0: sizes must be positive"),
+    (["--sizes=-4K"], "--sizes -4K: not a size"),
+    (["--max-size", "1K"], "--max-size 1 KiB: smaller than every size"),
+    (["--ranks", "2", "--nodes", "3"], "--nodes 3: must be >= 1 and divide --ranks 2"),
+    (["--repeats", "0"], "--repeats 0: must be >= 1"),
+    (["--backend", "nccl", "--device", "cpu"], "--backend nccl: NCCL reduces CUDA tensors only"),
+    (["--ranks", "two"], "argument --ranks: invalid int value: 'two'"),
+])
+def test_bad_flags_are_one_line(capsys, tmp_path, argv, message):
+    out = tmp_path / "out"
+    assert message in fails(capsys, argv + ["--out", str(out)])
+    assert not out.exists()
+
+
+def test_an_out_folder_of_someone_else_is_refused(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert "not empty and holds no comm.json" in fails(capsys, ["--out", str(tmp_path)])
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_real_two_rank_gloo_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # gloo on CPU, as on a laptop
+    out = tmp_path / "comm"
+    assert comm.main(["--ranks", "2", "--sizes", "1M", "8M", "32M", "--repeats", "5",
+                      "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads((out / "comm.json").read_text())
+    plan, world = result["plan"], result["groups"]["world"]
+    assert plan["backend"] == "gloo" and plan["device"] == "cpu" and world["ranks"] == 2
+    rows = world["rows"]
+    assert [r["bytes"] for r in rows] == [MIB, 8 * MIB, 32 * MIB]
+    times = [r["time_s"] for r in rows]
+    # Beyond the latency regime, a larger payload takes longer (8x and 4x the bytes).
+    assert times[0] < times[1] < times[2], times
+    for row in rows:
+        assert row["algbw_Bps"] == pytest.approx(row["bytes"] / row["time_s"])
+        assert row["busbw_Bps"] == pytest.approx(row["algbw_Bps"])  # 2(n-1)/n = 1 for n = 2
+        assert row["repeats"] == 5 and row["min_time_s"] <= row["time_s"] <= row["max_time_s"]
+    assert world["fit"]["beta_s_per_byte"] > 0
+    with (out / "comm.csv").open() as handle:
+        assert [int(r["bytes"]) for r in csv.DictReader(handle)] == [MIB, 8 * MIB, 32 * MIB]
+    assert (out / "comm.png").read_bytes()[:4] == b"\x89PNG"

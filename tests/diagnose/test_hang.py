@@ -1,0 +1,85 @@
+"""Hang helpers without a hang: which errors are collective timeouts (on the messages torch
+2.13's gloo, NCCL, TCPStore and monitored_barrier print, copied from real runs), the ranks
+a monitored_barrier error names, and the flight-recorder variables torch really reads.
+The real hang is in test_diagnose_faults.py."""
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kosmoss.diagnose import hang
+
+GLOO_RECV = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+             "Timed out waiting 4000ms for recv operation to complete")
+PEER_GONE = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+             "closed by peer [127.0.0.1]:2714. This is typically caused by a remote worker "
+             "crashing.")
+BARRIER = "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms"
+NCCL = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8, "
+        "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 milliseconds")
+STORE = "Timed out after 121 seconds waiting for clients. 1/2 clients joined."
+
+
+@pytest.mark.parametrize("error, timeout", [
+    (RuntimeError(GLOO_RECV), True),
+    (RuntimeError(BARRIER), True),
+    (RuntimeError(NCCL), True),
+    (torch.distributed.DistStoreError(STORE), True),
+    (RuntimeError(PEER_GONE), False),  # a dead peer, not a timeout
+    (RuntimeError("DataLoader worker (pid 42) timed out after 5 seconds"), False),
+    (ValueError("timeout must be positive"), False),
+])
+def test_which_errors_are_collective_timeouts(error, timeout):
+    assert hang.is_collective_timeout(error) is timeout
+
+
+def test_a_timeout_is_found_behind_the_error_that_wraps_it():
+    try:
+        try:
+            raise RuntimeError(GLOO_RECV)
+        except RuntimeError as err:
+            raise SystemError("the training loop gave up") from err
+    except SystemError as outer:
+        assert hang.is_collective_timeout(outer)
+
+
+def test_the_ranks_a_monitored_barrier_names():
+    assert hang.missing_ranks(RuntimeError(BARRIER)) == [1, 3]
+    assert hang.missing_ranks(RuntimeError("[Rank 0]: Rank 2 failed to pass monitoredBarrier "
+                                           "in 3000 ms")) == [2]
+    assert hang.missing_ranks(RuntimeError(PEER_GONE)) == []
+    error = hang.StartupTimeout([1, 3], 5, BARRIER)
+    assert str(error).startswith("ranks 1, 3 did not reach the start-up check within 5 s")
+    assert hang.is_collective_timeout(error)
+
+
+def test_flight_recorder_variables_are_those_torch_reads(tmp_path):
+    env = hang.flight_recorder_env(tmp_path)
+    assert (tmp_path / "flight-recorder").is_dir()  # the recorder does not create it
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight-recorder" / "rank-")
+    # ProcessGroupNCCL's own variables are declared in its header (the CPU wheel has no
+    # libtorch_cuda); the flight recorder's are read by libtorch_cpu.
+    header = (Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" /
+              "c10d" / "ProcessGroupNCCL.hpp")
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if not (header.exists() and library.exists()):
+        pytest.skip("torch's headers or libtorch_cpu.so not found: not a Linux wheel")
+    declared = header.read_text()
+    nccl = [name for name in env if f'"{name}"' in declared]
+    assert {"TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING"} <= set(nccl)
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" in declared
+    with library.open("rb") as handle, mmap.mmap(handle.fileno(), 0,
+                                                 access=mmap.ACCESS_READ) as binary:
+        unknown = [name for name in env if name not in nccl and name not in declared
+                   and binary.find(name.encode() + b"\0") < 0]
+    assert unknown == []
+
+
+def test_the_startup_check_does_nothing_without_a_process_group():
+    check = hang.StartupCheck(timeout_s=1)
+    check.setup(trainer=None, pl_module=None, stage="fit")
+    assert check.passed_in_s is None

@@ -1,0 +1,69 @@
+"""The Heartbeat callback in a real (single-process) Lightning fit: what the file says, and
+that it is written at most once per interval, never every step."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from kosmoss.diagnose import heartbeat
+from kosmoss.diagnose.runs import read_heartbeats
+
+STEPS, STEP_S, INTERVAL_S = 60, 0.005, 0.1
+
+
+class SleepyModel(pl.LightningModule):
+    """A step of at least STEP_S, spent in training_step: the rank's own work."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(STEP_S)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_heartbeat_file_and_how_often_it_is_written(tmp_path, monkeypatch):
+    writes = []
+
+    def counted(path, data):
+        writes.append((data["state"], data["step"]))
+        return write(path, data)
+
+    write = heartbeat.atomic_write_json
+    monkeypatch.setattr(heartbeat, "atomic_write_json", counted)
+    data = TensorDataset(torch.randn(16 * STEPS, 4), torch.randn(16 * STEPS, 1))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False,
+                         callbacks=[heartbeat.Heartbeat(tmp_path, interval_s=INTERVAL_S)],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    began = time.monotonic()
+    trainer.fit(SleepyModel(), DataLoader(data, batch_size=16))
+    elapsed = time.monotonic() - began
+
+    (beat,) = read_heartbeats(tmp_path).values()
+    assert (beat["rank"], beat["pid"], beat["state"], beat["step"]) == (0, os.getpid(), "ended",
+                                                                         STEPS)
+    assert beat["world_size"] == 1 and beat["interval_s"] == INTERVAL_S
+    assert math.isfinite(beat["loss"])
+    assert beat["busy_ms"] >= STEP_S * 1000  # the sleep is the rank's own work
+    assert 0 < beat["steps_per_s"] <= 1 / STEP_S and beat["samples_per_s"] == pytest.approx(
+        16 * beat["steps_per_s"])
+    forced = [w for w in writes if w[0] in ("setup", "ended") or w[1] == 0]
+    periodic = [w for w in writes if w not in forced]
+    assert periodic and len(periodic) <= elapsed / INTERVAL_S + 1  # at most once per interval
+    assert len(writes) < STEPS / 3  # never every step
+    assert not list(tmp_path.rglob("*.tmp-*"))  # written atomically
+    assert json.loads(heartbeat.heartbeat_path(tmp_path, 0).read_text()) == beat
+

@@ -1,0 +1,181 @@
+"""scripts/gpu_check.sh on a CPU machine, as CI runs it (CI never has a GPU): the dry run
+prints the plan and checks every wheel and file the GPU run needs; bad input is one line on
+stderr and exit 2, with nothing written.
+
+    .venv/bin/python -m pytest tests/test_gpu_check.py
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from helpers import REPO
+
+SCRIPTS = REPO / "scripts"
+WHEEL_CMD = "bash scripts/gpu_wheels.sh"
+KOSMOSS_WHEEL = "kosmoss-0.1.0-py3-none-any.whl"
+LESSONS = "kosmoss-0.1.0.data/data/share/kosmoss/lessons/"
+HEADLINE = "trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2"
+
+
+def carried() -> List[str]:
+    """The wheels gpu_wheels.sh fetches (NAME==VERSION), read from the script itself."""
+    listed = subprocess.run(["bash", "-c", 'source scripts/gpu_wheels.sh; printf "%s\\n" '
+                             '"${CARRIED[@]}"'], cwd=REPO, capture_output=True, text=True,
+                            check=True)
+    return listed.stdout.split()
+
+
+def carried_name(spec: str) -> str:
+    name, version = spec.split("==")
+    return f"{name.replace('-', '_')}-{version}-py3-none-any.whl"  # pip's file name rule
+
+
+def checkout_modules() -> List[Path]:
+    return sorted(p for p in (REPO / "kosmoss").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def write_kosmoss_wheel(folder: Path, changed: str = None, left_out: str = None) -> None:
+    """A wheel holding the checkout's modules (one changed or left out, if asked)."""
+    with zipfile.ZipFile(folder / KOSMOSS_WHEEL, "w") as wheel:
+        for source in checkout_modules():
+            name = source.relative_to(REPO).as_posix()
+            if name == left_out:
+                continue
+            data = source.read_bytes() + (b"# edited\n" if name == changed else b"")
+            wheel.writestr(name, data)
+        wheel.write(REPO / "trainup_gpu.py", LESSONS + "trainup_gpu.py")
+
+
+@pytest.fixture
+def wheels(tmp_path) -> Path:
+    """Every wheel the GPU run installs: empty files named as the carried ones (the dry run
+    checks presence), and a kosmoss wheel whose contents match the checkout."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for spec in carried():
+        (folder / carried_name(spec)).write_bytes(b"")
+    write_kosmoss_wheel(folder)
+    return folder
+
+
+def gpu_check(tmp_path: Path, *args: str, path_first: Path = None, **env: str):
+    environ = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+               "GPU_CHECK_SCRATCH": str(tmp_path / "scratch"), **env}
+    environ.pop("OUT", None)
+    if path_first:
+        environ["PATH"] = f"{path_first}{os.pathsep}{environ['PATH']}"
+    return subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), *args], cwd=REPO,
+                          env=environ, capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(proc, *words: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check.sh: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def fake_nvidia_smi(tmp_path: Path, listing: str) -> Path:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\nprintf '{listing}'\n" + ("exit 0\n" if listing else "exit 9\n"))
+    tool.chmod(0o755)
+    return folder
+
+
+def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
+    out = tmp_path / "out"
+    proc = gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout
+    assert HEADLINE in plan and "--batch-size 16384" in plan
+    assert "-m pytest -m gpu" in plan
+    assert "--precision bf16-mixed --mode device" in plan
+    assert "kosmoss bench --only raw-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 " \
+           "kosmoss-gpu-bf16" in plan
+    assert "torch.distributed.run" in plan and "kosmoss ghosts --kill" in plan
+    assert "--no-index --no-deps" in plan and KOSMOSS_WHEEL in plan
+    steps = [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
+    assert steps == ["install", "env", "data", "pytest", "headline", "bf16", "ghost", "bench",
+                     "sweep"]
+    assert not out.exists() and not (tmp_path / "scratch").exists()
+    assert not list(tmp_path.glob("gpu_check_helper.*"))  # its temporary file is removed
+
+
+def test_only_keeps_the_install_and_the_data_its_steps_need(tmp_path, wheels):
+    proc = gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--only", "bench,ghost")
+    assert proc.returncode == 0, proc.stderr
+    steps = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert steps == ["install", "data", "ghost", "bench"]
+
+
+@pytest.mark.parametrize("which", ["carried", "kosmoss"])
+def test_a_missing_wheel_is_named_with_the_command_that_fetches_it(tmp_path, wheels, which):
+    wheel = wheels / (carried_name(carried()[0]) if which == "carried" else KOSMOSS_WHEEL)
+    wheel.unlink()
+    name = carried()[0].split("==")[0] if which == "carried" else "kosmoss"
+    line = one_line_error(gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels)),
+                          "missing wheel", WHEEL_CMD)
+    assert f"({name}" in line
+
+
+@pytest.mark.parametrize("how", ["changed", "left_out"])
+def test_a_kosmoss_wheel_older_than_the_checkout_is_refused(tmp_path, wheels, how):
+    module = "kosmoss/paths.py"
+    write_kosmoss_wheel(wheels, **{how: module})
+    words = (module + " differs",) if how == "changed" else (module + " is missing",)
+    one_line_error(gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels)),
+                   *words, "does not match the checkout", WHEEL_CMD)
+
+
+def test_no_gpu_is_one_line_and_writes_nothing(tmp_path, wheels):
+    out = tmp_path / "out"
+    no_gpu = fake_nvidia_smi(tmp_path, "")  # as on a machine with a driver but no GPU
+    one_line_error(gpu_check(tmp_path, "--wheels", str(wheels), "--out", str(out),
+                             path_first=no_gpu), "no NVIDIA GPU", "--dry-run")
+    assert not out.exists() and not (tmp_path / "scratch").exists()
+
+
+def test_a_gpu_torch_cannot_use_is_one_line(tmp_path, wheels):
+    listed = fake_nvidia_smi(tmp_path, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\\n")
+    one_line_error(gpu_check(tmp_path, "--wheels", str(wheels), path_first=listed,
+                             CUDA_VISIBLE_DEVICES=""),
+                   "torch.cuda.is_available() is False", "PYTHON")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--only", "nope"], ["--only nope", "choose from"]),
+    (["--gpu-batch", "0"], ["--gpu-batch 0", ">= 1"]),
+    (["--gpu-batch", "65536", "--columns", "65536"], ["--gpu-batch 65536", "--columns"]),
+    (["--budget"], ["--budget needs a value"]),
+    (["--fast"], ["unknown argument --fast"]),
+])
+def test_bad_flags_are_one_line(tmp_path, args, words):
+    one_line_error(gpu_check(tmp_path, "--dry-run", *args), *words)
+
+
+def test_an_output_folder_of_someone_else_is_refused(tmp_path, wheels):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    one_line_error(gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--out", str(out)),
+                   f"--out {out}", "gpu-report.md")
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_wheels.sh"])
+def test_the_scripts_parse(script):
+    checked = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stderr

@@ -1,0 +1,177 @@
+"""The cost model of ``kosmoss project``: hand-computed cases, and bad input."""
+import json
+
+import pytest
+
+from kosmoss import projection
+from kosmoss.commands import project as project_command
+from kosmoss.errors import UsageError
+from kosmoss.projection import Cluster, Link, ModelShape, StepProfile
+
+MB = 1e6
+LINK = Link("test", latency_s=10e-6, bandwidth_Bps=1e9, source="test")
+SLOW = Link("slow", latency_s=50e-6, bandwidth_Bps=0.25e9, source="test")
+
+
+def test_ring_and_hierarchical_allreduce_times():
+    # 4 ranks: 6 hops of 10 us, and 2*3/4 of 2 MB at 1 GB/s.
+    assert projection.ring_allreduce_s(2 * MB, 4, LINK) == pytest.approx(60e-6 + 3e-3)
+    assert projection.ring_allreduce_s(2 * MB, 1, LINK) == 0.0
+    # 4 per node x 2 nodes, 2 NICs: the node's ring, then 2 hops of 50 us and 1 x 2 MB at 0.5 GB/s.
+    hierarchical = projection.hierarchical_allreduce_s(2 * MB, 4, 2, LINK, SLOW, nics=2)
+    assert hierarchical == pytest.approx(60e-6 + 3e-3 + 100e-6 + 4e-3)
+    assert projection.hierarchical_allreduce_s(2 * MB, 4, 1, LINK, SLOW) == \
+        projection.ring_allreduce_s(2 * MB, 4, LINK)
+
+
+def test_the_mlp_shape_follows_ddp_buckets_and_flops():
+    shape = projection.mlp_shape()
+    assert shape.gradient_bytes == 4 * 488_852
+    # Steady-state buckets: the first (1 MiB cap) fills only with the first layer's weight,
+    # ready last: one bucket, ready when backward ends.
+    assert shape.buckets == ((4 * 488_852, 1.0),)
+    forward = 4128 * 100 + 2 * 100 * 100 + 100 * 552  # 3 hidden layers: 2 of them 100x100
+    backward = 4128 * 100 + 2 * (2 * 100 * 100 + 100 * 552)  # no input gradient for layer 1
+    assert shape.backward_share == pytest.approx(backward / (forward + backward))
+    small = projection.mlp_shape(bucket_bytes=2**18, first_bucket_bytes=2**18)
+    assert len(small.buckets) > 1 and sum(b for b, _ in small.buckets) == shape.gradient_bytes
+    ready = [r for _, r in small.buckets]
+    assert ready == sorted(ready) and ready[-1] == 1.0
+
+
+def test_predict_reproduces_a_hand_computed_case():
+    profile = StepProfile(batch=1024, forward_backward_s=0.100, optimizer_s=0.010, share=1.0,
+                          device="cuda", source="test")
+    shape = ModelShape(gradient_bytes=2_000_000, buckets=((2_000_000, 1.0),), backward_share=0.5)
+    cluster = Cluster(per_node=2, nodes=1, intra=LINK, inter=SLOW)
+    row = projection.predict(profile, shape, cluster, global_batch=1024)
+    comm = 2 * 10e-6 + 2_000_000 / 1e9  # 2 ranks: 2 hops, 2*1/2 of the payload
+    step = 0.100 * 512 / 1024 + 0.010 + comm  # the one bucket is ready when backward ends
+    assert row["compute_s"] == pytest.approx(0.060)
+    assert row["exposed_comm_s"] == pytest.approx(comm) and row["step_s"] == pytest.approx(step)
+    assert row["samples_per_s"] == pytest.approx(1024 / step)
+    assert row["efficiency"] == pytest.approx((1024 / step) / (2 * 1024 / 0.110))
+    assert row["comm_share"] == pytest.approx(comm / step)
+
+
+def test_overlap_hides_all_but_the_last_bucket():
+    profile = StepProfile(1000, 0.010, 0.0, 1.0, "cuda", "test")
+    shape = ModelShape(2_000_000, ((1_000_000, 0.5), (1_000_000, 1.0)), backward_share=0.6)
+    cluster = Cluster(per_node=2, nodes=1, intra=Link("x", 0.0, 1e9, "test"), inter=SLOW)
+    # 2 ranks x 500 samples: compute 5 ms, backward 3 ms; each bucket 1 ms of all-reduce.
+    # Bucket 1 ready at 1.5 ms, done at 2.5; bucket 2 ready at 3 ms, done at 4: 1 ms exposed.
+    total, exposed = projection.exposed_comm_s(shape, cluster, backward_s=0.003)
+    assert total == pytest.approx(0.002) and exposed == pytest.approx(0.001)
+    row = projection.predict(profile, shape, cluster, 1000)
+    assert row["step_s"] == pytest.approx(0.005 + 0.001)
+    no_overlap = projection.predict(profile, shape, Cluster(2, 1, cluster.intra, SLOW,
+                                                            overlap=False), 1000)
+    assert no_overlap["step_s"] == pytest.approx(0.005 + 0.002)
+
+
+def test_ranks_sharing_cores_do_not_halve_the_step():
+    # The 1-rank step ran on 2 cores; 2 ranks on those 2 cores get 1 core each: half the
+    # batch at half the speed, and each rank's optimizer step twice as slow.
+    profile = StepProfile(256, 0.008, 0.001, share=2.0, device="cpu", source="test")
+    shape = ModelShape(1000, ((1000, 1.0),), 0.5)
+    cluster = Cluster(2, 1, Link("x", 0.0, 1e12, "t"), SLOW, share=1.0, overlap=False,
+                      single_share=2.0)
+    row = projection.predict(profile, shape, cluster, 256)
+    assert row["compute_s"] == pytest.approx(0.008 + 2 * 0.001)
+    assert row["speedup"] == pytest.approx(0.009 / row["step_s"])
+
+
+def test_sensitivity_names_the_bottleneck():
+    profile = StepProfile(1024, 0.001, 0.0, 1.0, "cuda", "test")
+    shape = ModelShape(100_000_000, ((100_000_000, 1.0),), 0.5)
+    cluster = Cluster(8, 4, projection.PRESETS["nvlink4"], projection.PRESETS["25gbe"])
+    changes = projection.sensitivity(profile, shape, cluster, 1024)
+    assert next(iter(changes)) == "inter bandwidth" and changes["inter bandwidth"] > 0.3
+    rows = projection.grid(profile, shape, cluster, [1, 8], [1, 4], 1024)
+    assert [(r["devices_per_node"], r["nodes"]) for r in rows] == [(1, 1), (1, 4), (8, 1), (8, 4)]
+    found = projection.verdict(rows)
+    assert found["peak"] == "8x1" and found["break_even"] == "1x4"
+
+
+def test_unknown_presets_list_the_known_ones():
+    with pytest.raises(UsageError, match="--inter ib-xdr: no such link preset; choose from "
+                                         "nvlink3, nvlink4, pcie4, pcie5, ib-hdr, ib-ndr"):
+        projection.preset("ib-xdr", "--inter")
+
+
+def test_references_from_a_run_or_a_bench(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(UsageError, match="no result.json or bench.json there"):
+        projection.read_reference(run)
+    (run / "result.json").write_text(json.dumps({"world_size": 1, "per_device_batch_size": 256}))
+    with pytest.raises(UsageError, match="no train_samples_per_s; a projection needs a run"):
+        projection.read_reference(run)
+    (run / "result.json").write_text(json.dumps(
+        {"world_size": 2, "per_device_batch_size": 128, "train_samples_per_s": 900.0}))
+    with pytest.raises(UsageError, match="a run of 2 ranks"):
+        projection.read_reference(run)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"kosmoss_bench": 1, "rows": [
+        {"id": "kosmoss-cpu", "status": "measured", "ranks": 1, "samples_per_s": 2000.0,
+         "batch_size": 256, "device": "cpu"}]}))
+    assert projection.read_reference(bench)["samples_per_s"] == 2000.0
+    with pytest.raises(UsageError, match="--row ddp-cpu-2: not a measured 1-rank row .* choose "
+                                         "from kosmoss-cpu"):
+        projection.read_reference(bench, "ddp-cpu-2")
+
+
+@pytest.fixture
+def fixed_timings(monkeypatch):
+    """A step of 10 ms forward+backward and 1 ms optimizer, whatever the machine's load."""
+    monkeypatch.setattr(projection, "time_step", lambda batch, *a, **k: (0.010 * batch / 1024,
+                                                                          0.001))
+
+
+def test_project_reproduces_a_hand_computed_case(tmp_path, capsys, fixed_timings):
+    run = tmp_path / "run"
+    run.mkdir()
+    # A 1-GPU run: 1024 samples in 11 ms.
+    (run / "result.json").write_text(json.dumps({
+        "world_size": 1, "per_device_batch_size": 1024, "train_samples_per_s": 1024 / 0.011,
+        "accelerator": "gpu"}))
+    code = project_command.main(["--from", str(run), "--intra", "pcie4", "--inter", "ib-hdr",
+                                 "--devices", "1", "4", "--nodes", "1", "2", "--json",
+                                 "--out", str(tmp_path / "out")])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads((tmp_path / "out" / "project.json").read_text())
+    row = {(r["devices_per_node"], r["nodes"]): r for r in result["rows"]}[(4, 2)]
+    size = 4 * 488_852
+    pcie, ib = projection.PRESETS["pcie4"], projection.PRESETS["ib-hdr"]
+    comm = 6 * pcie.latency_s + 1.5 * size / pcie.bandwidth_Bps + 2 * ib.latency_s + \
+        size / ib.bandwidth_Bps
+    step = 0.010 * 128 / 1024 + 0.001 + comm  # one bucket, ready when backward ends
+    assert row["step_s"] == pytest.approx(step, rel=1e-9)
+    assert row["samples_per_s"] == pytest.approx(1024 / step, rel=1e-9)
+    assert row["efficiency"] == pytest.approx(1024 / step / (8 * 1024 / 0.011), rel=1e-9)
+    assert (tmp_path / "out" / "project.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "out" / "project.csv").read_text().count("\n") == 5
+
+
+def project_fails(capsys, argv) -> str:
+    try:
+        code = project_command.main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kosmoss project: error: ")
+    return err
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    assert "--intra nvlink9: no such link preset; choose from nvlink3" in \
+        project_fails(capsys, ["--intra", "nvlink9"])
+    assert "--devices 0: must be >= 1" in project_fails(capsys, ["--devices", "0", "2"])
+    assert f"--from {tmp_path}: no result.json or bench.json" in \
+        project_fails(capsys, ["--from", str(tmp_path)])
+    (tmp_path / "result.json").write_text(json.dumps({"world_size": 1}))
+    assert "no train_samples_per_s, per_device_batch_size" in \
+        project_fails(capsys, ["--from", str(tmp_path)])
+    assert "--comm" in project_fails(capsys, ["--comm", str(tmp_path / "result.json")])
