@@ -22,7 +22,7 @@ OTHER_LAUNCHERS = (("horovodrun", "HOROVOD_RANK"), ("mpirun", "OMPI_COMM_WORLD_R
 
 
 @contextlib.contextmanager
-def _quiet_nvml() -> Iterator[None]:
+def quiet_nvml() -> Iterator[None]:
     # nvitop logs a "FATAL ERROR" banner when NVML is missing; no GPU is a normal answer here.
     logger = logging.getLogger("nvitop.api.libnvml")
     before, logger.disabled = logger.disabled, True
@@ -37,7 +37,7 @@ def gpus() -> List[Dict]:
     try:
         from nvitop import Device
 
-        with _quiet_nvml():
+        with quiet_nvml():
             devices = Device.all()
             return [{
                 "index": device.index,
@@ -45,6 +45,7 @@ def gpus() -> List[Dict]:
                 "memory_total_mib": _mib(device.memory_total()),
                 "memory_used_mib": _mib(device.memory_used()),
                 "uuid": device.uuid(),
+                "driver": Device.driver_version(),
             } for device in devices]
     except Exception:  # NVML missing or broken: no usable GPU for us either
         return []

@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 
-def atomic_write_bytes(path: Union[str, Path], data: bytes) -> Path:
+def atomic_write_with(path: Union[str, Path], write: Callable[[Path], None]) -> Path:
+    """``write(tmp)`` fills a temporary path (e.g. matplotlib's ``savefig``), then it takes
+    ``path``'s place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write failed (disk full, ...)
     return path
+
+
+def atomic_write_bytes(path: Union[str, Path], data: bytes) -> Path:
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_text(path: Union[str, Path], text: str) -> Path:

@@ -1,8 +1,9 @@
 """Ghost jobs: processes of kosmoss runs that outlived their run, and who holds the GPU or
 a port.
 
-A *ghost* is a live process of the current user that belongs to a kosmoss run under this
-``KOSMOSS_HOME`` (marked as :mod:`kosmoss.records` describes) and has no run left to serve:
+A *ghost* is a live process of the current user that belongs to a kosmoss run, whatever its
+``KOSMOSS_HOME`` (found by the mark in its environment, or by the records of the current
+home or of the home its mark names: :mod:`kosmoss.records`), and has no run left to serve:
 
 - ``launcher-gone``: the process that launched the run (the script the user started,
   torchrun's agent, the simulated-node parent, slurmstepd) is gone and the run never ended;
@@ -15,7 +16,11 @@ A *ghost* is a live process of the current user that belongs to a kosmoss run un
 Listed beside them, and ended only when named with ``--pid``: processes holding GPU memory
 (through nvitop's API), marked as kosmoss or foreign; the holders of ``--port N``; processes
 named with ``--pid``. Another user's process is listed where it holds a GPU or the port,
-never ended.
+never ended, whatever mark it carries.
+
+Each entry says in ``causes`` why it matters to the next run: it holds the MASTER_PORT a new
+run wants ("Address already in use"), it is an orphaned rank still holding a CUDA context
+(and how much), a data worker of a dead rank, the RAM it frees when it ends.
 """
 from __future__ import annotations
 
@@ -306,10 +311,10 @@ def _gpu_processes() -> Dict[int, _GpuUse]:
     try:
         from nvitop import Device
 
-        from .environment import _quiet_nvml
+        from .environment import quiet_nvml
 
         uses: Dict[int, _GpuUse] = {}
-        with _quiet_nvml():
+        with quiet_nvml():
             for device in Device.all():
                 for pid, proc in device.processes().items():
                     use = uses.setdefault(pid, _GpuUse())
@@ -621,12 +626,10 @@ def _ago(seconds: float) -> str:
 
 
 def human_bytes(value: Optional[int]) -> str:
-    if not value:
-        return "0 B"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value} B"
+    """nvitop's formatting (1.0GiB, 350.0MiB), so kosmoss prints memory as nvitop does."""
+    from nvitop import bytes2human
+
+    return bytes2human(value or 0)
 
 
 def _pids(pids: List[int]) -> str:

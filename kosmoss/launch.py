@@ -266,20 +266,25 @@ def _wait(nodes: List[subprocess.Popen]) -> int:
 
 
 def _stop(nodes: List[subprocess.Popen]) -> None:
-    """SIGTERM each node's whole process group (its local ranks too), then SIGKILL."""
-    for node in nodes:
-        _signal_group(node, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for node in nodes:
+    end_groups(nodes, STOP_GRACE_S)
+
+
+def end_groups(processes: List[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM each process's whole process group (its ranks and workers too), then SIGKILL
+    what is left after ``grace_s``: the one way kosmoss ends what it started."""
+    for process in processes:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
         try:
-            node.wait(timeout=max(0.0, deadline - time.monotonic()))
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        _signal_group(node, signal.SIGKILL)
+        _signal_group(process, signal.SIGKILL)
 
 
-def _signal_group(node: subprocess.Popen, sig: int) -> None:
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(node.pid, sig)
+        os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass

@@ -1,6 +1,9 @@
 """Predicted DDP scaling: step time, samples/s and efficiency of N devices per node × M
 nodes, from one device's step and the links' latency and bandwidth (α–β).
 
+    kosmoss project --from RUN_DIR --intra nvlink4 --inter ib-ndr --devices 8 --nodes 1 2 4
+    kosmoss project --comm comm.json          # links measured by kosmoss comm
+
 The cost model (docs/scaling.md draws it):
 
 - compute of one rank at per-device batch b, with a share s of the resources the
@@ -206,7 +209,8 @@ def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_ba
     return {"devices_per_node": cluster.per_node, "nodes": cluster.nodes, "world": cluster.world,
             "per_device_batch": batch, "compute_s": compute, "comm_s": comm,
             "exposed_comm_s": exposed, "step_s": step, "samples_per_s": samples_per_s,
-            "speedup": samples_per_s / single, "efficiency": samples_per_s / (cluster.world * single),
+            "speedup": samples_per_s / single,
+            "efficiency": samples_per_s / (cluster.world * single),
             "comm_share": exposed / step}
 
 
@@ -220,9 +224,11 @@ def _improved(profile: StepProfile, cluster: Cluster, knob: str):
         return replace(profile, forward_backward_s=profile.forward_backward_s / 2,
                        optimizer_s=profile.optimizer_s / 2, fixed_s=profile.fixed_s / 2), cluster
     if knob == "intra bandwidth":
-        return profile, replace(cluster, intra=replace(intra, bandwidth_Bps=2 * intra.bandwidth_Bps))
+        return profile, replace(cluster,
+                                intra=replace(intra, bandwidth_Bps=2 * intra.bandwidth_Bps))
     if knob == "inter bandwidth":
-        return profile, replace(cluster, inter=replace(inter, bandwidth_Bps=2 * inter.bandwidth_Bps))
+        return profile, replace(cluster,
+                                inter=replace(inter, bandwidth_Bps=2 * inter.bandwidth_Bps))
     if knob == "latency":
         return profile, replace(cluster, intra=replace(intra, latency_s=intra.latency_s / 2),
                                 inter=replace(inter, latency_s=inter.latency_s / 2))
@@ -300,9 +306,12 @@ def links_from_comm(comm: dict, flag: str = "--comm") -> Tuple[Link, Optional[Li
 
 def _link(group: dict, name: str, source: str, flag: str) -> Link:
     fit = group.get("fit")
-    if not fit or not fit.get("link_bandwidth_Bps"):
+    if not fit:
         raise UsageError(f"{flag}: its {name} group has no α–β fit (measure at least two sizes)")
-    return Link(f"measured {name}", fit["link_latency_s"], fit["link_bandwidth_Bps"], source)
+    if not fit.get("link_bandwidth_Bps"):
+        raise UsageError(f"{flag}: in its {name} group time did not grow with size (noise in "
+                         "the latency regime?); measure larger sizes or more --repeats")
+    return Link("measured", fit["link_latency_s"], fit["link_bandwidth_Bps"], source)
 
 
 def read_reference(path: Path, row: Optional[str] = None) -> dict:
@@ -422,7 +431,8 @@ def thread_speedup(batch: int, threads: int, rounds: int = 3, min_s: float = 0.3
     return statistics.median(one) / statistics.median(many)
 
 
-def measured_profile(batch: int, device: str, hidden: Sequence[int] = (100, 100, 100)) -> StepProfile:
+def measured_profile(batch: int, device: str,
+                     hidden: Sequence[int] = (100, 100, 100)) -> StepProfile:
     """A step measured here; ``fixed_s`` from a second, 8× smaller batch (the intercept of
     a line through both). On CPU on one thread, so the reference is 1 core: on a busy host
     a 2-thread timing is mostly threads waiting for each other."""

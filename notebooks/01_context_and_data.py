@@ -23,7 +23,7 @@
 # - what the profiles and the fluxes look like;
 # - why the model normalises its inputs and targets, and where that happens.
 #
-# Time: ~20 min
+# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
 
 # %% [markdown]
 # ## The use case
@@ -206,12 +206,30 @@ print(f"night columns: {night.sum()} of {len(mu)} ({night.mean():.0%}); their la
 
 # %%
 stats = dataset.statistics()
-constant = stats.x_std < 1e-12
+variable_of = np.empty(schema.n_x, dtype=object)  # the variable name of every x feature
+for block, where in schema.x_slices().items():
+    names = variables[block]
+    variable_of[where] = [names[i % len(names)] for i in range(where.stop - where.start)]
+constant = stats.x_constant()
+relative = stats.x_std / np.where(stats.x_mean != 0, np.abs(stats.x_mean), 1.0)
+print(f"x: {len(stats.x_std)} features, {constant.sum()} of them constant in this dataset:")
+for name in dict.fromkeys(variable_of[constant]):
+    mine = variable_of == name
+    print(f"  {name:16s} {np.sum(constant & mine):3d} of {mine.sum():3d} features")
 varying = stats.x_std[~constant]
-print(f"x: {len(stats.x_std)} features, {constant.sum()} of them constant in this dataset")
 print(f"std of the varying ones: from {varying.min():.3g} to {varying.max():.3g} "
       f"({np.log10(varying.max() / varying.min()):.0f} orders of magnitude)")
+for name in ("ccl4_vmr", "cfc11_vmr", "temperature_hl"):
+    mine = variable_of == name
+    print(f"  {name:16s} |mean| {np.abs(stats.x_mean[mine]).mean():.2e}, std "
+          f"{stats.x_std[mine].mean():.2e} = {relative[mine].mean():.2%} of the mean; "
+          f"constant features: {constant[mine].sum()}")
 print(f"y: std from {stats.y_std.min():.3g} to {stats.y_std.max():.3g} W m-2")
+tiny_but_varying = (stats.x_std < 1e-12) & ~constant
+assert tiny_but_varying.any(), "some trace gases vary by a tiny absolute amount"
+assert not constant[variable_of == "ccl4_vmr"].any(), "ccl4_vmr varies: it is not constant"
+print(f"an absolute cut (std < 1e-12) would wrongly call {tiny_but_varying.sum()} varying "
+      f"features constant: {', '.join(dict.fromkeys(variable_of[tiny_but_varying]))}")
 
 plt.figure(figsize=(7, 3.5))
 plt.hist(np.log10(varying), bins=60)
@@ -221,12 +239,18 @@ plt.title("input scales")
 plt.show()
 
 # %% [markdown]
-# Constant features (the top half level's pressure, for instance, is the same in every
-# column) have a standard deviation of zero: dividing by it would give NaN.
-# `Statistics.safe_std` divides those by one instead, so they stay at zero after
-# centring.
+# A feature is constant when its standard deviation is zero, or no larger than the
+# rounding of its float32 values relative to its mean (the pressure at the top of the
+# atmosphere is the same in every column, for instance): it carries no information, and
+# dividing by its standard deviation would give NaN or amplify rounding noise. Whether a
+# feature varies is decided **relative to its own scale**, never by an absolute
+# threshold: trace gases such as `ccl4_vmr` have mixing ratios so small that their
+# standard deviation is tiny in absolute terms, yet relative to their mean they vary like
+# `cfc11_vmr` — the cell above shows what an absolute cut would have erased from the
+# model's input. `Statistics.x_scale()` is the standard deviation, and one for the
+# constant features, so that they stay at zero after centring.
 #
-# The model, `kosmoss.model.LitMLP`, keeps the means and standard deviations as
+# The model, `kosmoss.model.LitMLP`, keeps the means and these scales as
 # **registered buffers**: they move with the model to a GPU and are saved in its
 # checkpoints, so a checkpoint alone predicts in W m-2. It normalises `x` on the way in;
 # the loss compares normalised predictions with normalised targets, so every flux level
@@ -234,7 +258,7 @@ plt.show()
 
 # %%
 from kosmoss.model import LitMLP
-from kosmoss.run.train import mean_baseline_loss
+from kosmoss.run.report import mean_baseline_loss
 
 model = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
 print("buffers in the state dict:", [k for k in model.state_dict() if not k.startswith("net.")
@@ -243,7 +267,10 @@ x_norm = model.normalize_x(x_all)
 informative = torch.from_numpy(~constant)
 print(f"normalised x: mean {x_norm[:, informative].mean():.3g}, "
       f"std {x_norm[:, informative].std():.3g}")
-print(f"loss of always predicting the mean (normalised MSE): {mean_baseline_loss(stats):.3f}")
+assert torch.isfinite(x_norm).all() and abs(float(x_norm[:, informative].std()) - 1) < 0.05
+baseline = mean_baseline_loss(stats)
+print(f"loss of always predicting the mean (normalised MSE): {baseline:.3f}")
+assert 0.5 < baseline <= 1.0  # "about one, a little less": the flux levels that never vary
 
 # %% [markdown]
 # The last number is the bar to beat: a model that always predicts the mean flux profile
@@ -302,3 +329,50 @@ print(f"device: {device}; buffers on {model.x_mean.device}; predicted fluxes {tu
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 01` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Count the features of a flattened column with any number of levels.**
+#
+# Write `feature_counts(levels)` returning `(n_x, n_y)`: the length of one flattened input
+# row and of one flattened target row for a column with `levels` full levels (so
+# `levels + 1` half levels and `levels - 1` interfaces), with the blocks of the
+# `3dcorrection` schema printed in this lesson. The checker compares with
+# `kosmoss.data.schema.ColumnSchema(levels)` for several level counts, the IFS's `137`
+# among them.
+
+# %%
+# exercise: 01.feature_counts
+def feature_counts(levels):
+    """(n_x, n_y) of a flattened column with `levels` full levels."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("01.feature_counts", globals())
+
+# %% [markdown]
+# **Standardise each input feature, keeping tiny-valued but varying features.**
+#
+# Write `normalise(x)`: `x` is a float tensor of shape (samples, features); return a tensor
+# of the same shape where each feature (column) is centred by its mean and divided by its
+# standard deviation over the samples. A feature is *constant* only when its standard
+# deviation is at most `1e-6` times its mean absolute value (exactly zero included):
+# constant features become `0`, never NaN. Mixing ratios of trace gases are around 1e-10
+# and vary by a fraction of a percent: they are not constant. The checker feeds a batch
+# with features of every kind and compares feature by feature.
+
+# %%
+# exercise: 01.normalise
+import torch
+
+
+def normalise(x):
+    """Each column centred and divided by its std; constant columns become 0."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("01.normalise", globals())

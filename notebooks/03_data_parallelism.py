@@ -24,14 +24,13 @@
 # - how to run two CPU processes from a notebook (Lightning's notebook launcher) and from
 #   a terminal with `trainup_cpu.py`, and check that the ranks end with identical weights.
 #
-# Time: ~30 min
+# Time: ~30 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import json
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +43,12 @@ from kosmoss.data import presets
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.data.loading import FlattenedDataset, RankBatchSampler
 from kosmoss.launch import free_port
+from kosmoss.lessons import quiet_lightning
 from kosmoss.model import LitMLP
 from kosmoss.run.callbacks import parameter_checksum
 from kosmoss.scaling import plan
 
-# The batched loader needs no worker processes (lesson 1); Lightning would suggest some.
-warnings.filterwarnings("ignore", ".*does not have many workers.*")
-# Lightning 2.6 calls torch APIs that torch 2.13 deprecates: nothing a learner can act on.
-warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
-# Machines with Slurm installed get a hint to use srun; this lesson runs without Slurm.
-warnings.filterwarnings("ignore", ".*srun.*command is available.*")
+quiet_lightning()  # no banners or adverts; warnings a learner can act on, one line each
 
 dataset = presets.resolve("tiny", log=print)
 stats = dataset.statistics()
@@ -64,15 +59,21 @@ scratch = Path(tempfile.mkdtemp(prefix="lesson03-"))
 #
 # With DDP, `N` processes train together. Each one:
 #
-# 1. builds the same model; at start-up DDP broadcasts rank 0's weights, so all replicas
-#    start identical;
+# 1. builds the same model; when it wraps the model, DDP broadcasts rank 0's parameters
+#    and buffers, so all replicas start identical;
 # 2. reads **its own shard** of every global batch (no two ranks see the same column);
 # 3. runs forward and backward on its shard, so it has *its own* gradients;
 # 4. joins an **all-reduce**: the gradients are summed over the ranks and divided by
 #    `N`, and every rank receives the result (DDP does this bucket by bucket, overlapped
 #    with the backward pass);
 # 5. takes the optimiser step with that average gradient — the same step on every rank,
-#    so the replicas stay identical without ever sending weights.
+#    so the replicas stay identical without sending weights again.
+#
+# Gradients are not all that moves: by default DDP also broadcasts rank 0's **buffers**
+# at the start of every forward pass (`forward_sync_buffers`, called `broadcast_buffers`
+# before torch 2.13), for modules such as batch norm whose buffers change while training.
+# `LitMLP`'s buffers are its normalisation statistics, which never change, so
+# `DDPStrategy(broadcast_buffers=False)` would save that broadcast here.
 #
 # Because the loss is a mean over the batch, the average of the shards' gradients *is*
 # the gradient of the whole global batch. Let us check that by hand with
@@ -164,12 +165,18 @@ except Exception as err:  # a UsageError: the one-line message a user sees
 #
 # PyTorch's older `torch.nn.DataParallel` (DP) is *one* process: every step it copies
 # the model from the first GPU to the others, scatters the batch, runs the replicas in
-# threads, gathers the outputs back on the first GPU and computes the loss there. The
-# copies every step, the one overloaded GPU and Python's global interpreter lock make it
-# slow, and it cannot span several machines. DDP runs one process per device, copies
-# the model once, moves only gradients (overlapped with the backward pass), and works
-# the same on one host or many. PyTorch recommends DDP even on a single machine; Lightning
-# 2 removed its DP strategy altogether:
+# threads, gathers the outputs back on the first GPU and computes the loss there, on the
+# whole batch. In the backward pass the replicas' gradients flow back to the one
+# original model and are **summed** there — and the sum is right, because the loss was
+# already the mean over the whole batch. In DDP each rank's loss is the mean over *its*
+# shard only, so the sum of the ranks' gradients would be `N` times too large: DDP
+# **averages** (sums, then divides by `N`), as in the experiment above.
+#
+# The copies every step, the one overloaded GPU and Python's global interpreter lock
+# make DP slow, and it cannot span several machines. DDP runs one process per device,
+# sends the weights once, then gradients (overlapped with the backward pass) and
+# buffers, and works the same on one host or many. PyTorch's documentation recommends
+# DDP even on a single machine; Lightning 2 removed its DP strategy altogether:
 
 # %%
 try:
@@ -218,7 +225,9 @@ for note in notes:
 print(f"identical replicas: {notes[0]['checksum'] == notes[1]['checksum']}")
 print(f"the notebook's model got rank 0's weights back: "
       f"{parameter_checksum(model) == notes[0]['checksum']}")
-print(f"validation loss (averaged over the ranks): {float(trainer.callback_metrics['val_loss']):.4f}")
+print(f"validation loss (reduced over both ranks' columns, lesson 3b): "
+      f"{float(trainer.callback_metrics['val_loss']):.4f}")
+assert notes[0]["checksum"] == notes[1]["checksum"] == parameter_checksum(model)
 
 # %% [markdown]
 # ## Two processes from a terminal: `trainup_cpu.py`
@@ -254,15 +263,33 @@ print(f"throughput of 2 processes / 1 process: {ratio:.2f}")
 # %% [markdown]
 # Read the two lines: the same global batch and number of steps, so both runs see the
 # same data and reach a similar loss (not the same bits: the order of the floating-point
-# sums differs).
-#
-# The throughput ratio says little about DDP here: both runs share the same few cores.
-# The single process uses them through its threads; Lightning gives each of the two
-# ranks half of them (it sets `OMP_NUM_THREADS`). Which wins depends on how busy the
-# machine is — threads that wait for each other suffer most when other programs take
-# the cores — so rerun it and the ratio moves. DDP pays off when each rank has a device
-# of its own.
-#
+# sums differs). The throughput ratio says little about DDP here, since both runs share
+# the same cores; the cell below says what decided it on this machine.
+
+# %%
+from kosmoss.cpus import available_cores, cores_per_process
+
+cores = available_cores()
+print(f"{cores} core(s); one process computes with {cores_per_process(1)} thread(s), each of "
+      f"the two ranks with {cores_per_process(2)} (Lightning sets OMP_NUM_THREADS to the "
+      "cores divided by the ranks)")
+for processes, result in results.items():
+    assert result["global_batch_size"] == 128 and result["world_size"] == processes
+assert two["replicas_identical"]
+if ratio > 1.05:
+    print(f"more than one process's worth ({ratio:.2f}x): the single process splits every small "
+          f"matrix product over {cores_per_process(1)} threads that wait for each other at "
+          "the end of each one — costly for a small model, and much more so when other "
+          "programs take the cores — while each rank computes alone on its core. The gain "
+          "comes from the thread counts, not from DDP.")
+elif ratio < 0.95:
+    print(f"less than one process ({ratio:.2f}x): the ranks share the cores the single "
+          "process already used, and add the all-reduce and a second training loop.")
+else:
+    print(f"about the same ({ratio:.2f}x): two ranks on the cores one process already used.")
+print("DDP pays off when each rank has a device of its own.")
+
+# %% [markdown]
 # ## With a GPU
 #
 # One process per GPU: `accelerator="gpu"`, `devices=N`, and NCCL instead of gloo
@@ -322,3 +349,51 @@ print(f"2 ranks on {accelerator} over {share.backend}: train loss "
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 03` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Average the gradients over the ranks by hand with `all_reduce`, and match DDP.**
+#
+# Write `average_gradients(model)`. It is called on every rank after `loss.backward()` on
+# that rank's shard of the batch; it must replace every parameter's `.grad` by the average
+# of that gradient over all ranks, in place, with `torch.distributed.all_reduce` (the
+# process group is already initialised; `dist.get_world_size()` says how many ranks).
+# The checker runs your cell in two gloo processes and compares your gradients with those
+# DistributedDataParallel computes for the same model and shards, layer by layer.
+
+# %%
+# exercise: 03.average_gradients
+import torch
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    """After backward on this rank's shard: every parameter's .grad becomes its
+    average over all ranks (in place)."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("03.average_gradients", globals())
+
+# %% [markdown]
+# **Split a global batch over the ranks, refusing what does not divide.**
+#
+# Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
+# columns one rank's forward pass sees when `--batch-size` is the global batch and the
+# world is `num_nodes × devices_per_node` ranks. When the global batch cannot be split
+# evenly (not a multiple of the world size, or fewer columns than ranks), raise a
+# `ValueError` that says why, instead of training with another batch than the one asked
+# for. The checker compares with `kosmoss.scaling.plan` on a range of set-ups.
+
+# %%
+# exercise: 03.per_device_batch
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    """Columns per rank; ValueError when the global batch does not split evenly."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("03.per_device_batch", globals())

@@ -17,12 +17,13 @@
 #
 # - who decides whether a run computes on a CPU or a GPU, and on which GPU: kosmoss's
 #   device policy, its decision table, and the fallback to CPU with a warning;
-# - what `CUDA_VISIBLE_DEVICES` changes (what torch sees) and what it does not (what the
-#   driver sees);
+# - what `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` change (which GPUs torch sees, and
+#   in which order) and what they do not (what the driver sees), and how `--gpu-ids`
+#   differs;
 # - how two ranks share one GPU: gloo instead of NCCL, and a share of the memory each;
 # - how to ask a machine what it has: `kosmoss env`.
 #
-# Time: ~20 min
+# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import json
@@ -37,8 +38,9 @@ import torch
 from kosmoss.devices import MachineGpu, decide, sharing, to_numpy
 from kosmoss.environment import gpus as nvml_gpus
 from kosmoss.errors import UsageError
-from kosmoss.lessons import script, sh
+from kosmoss.lessons import quiet_lightning, script, sh
 
+quiet_lightning()
 scratch = Path(tempfile.mkdtemp(prefix="lesson05-"))
 print(f"this machine: torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, "
       f"{torch.cuda.device_count()} GPU(s) visible to torch, {len(nvml_gpus())} seen by the driver")
@@ -94,18 +96,23 @@ print(f"checkpoint restored on {restored.device}; as numpy: {to_numpy(restored).
       f"shape {to_numpy(restored).shape}")
 
 # %% [markdown]
-# ## `CUDA_VISIBLE_DEVICES`: what torch sees
+# ## `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`: what torch sees
 #
-# The CUDA runtime only shows a process the GPUs listed in `CUDA_VISIBLE_DEVICES`, and
-# renumbers them from zero. The driver (NVML, which nvitop and `kosmoss env` read) still
-# sees every GPU. Each line below is a fresh Python process, since the variable is read
-# when CUDA starts:
+# The CUDA runtime shows a process only the GPUs listed in `CUDA_VISIBLE_DEVICES`, and
+# numbers them from zero in the order listed. *Which* physical GPU an index in that list
+# means depends on `CUDA_DEVICE_ORDER`: by default (`FASTEST_FIRST`) the runtime puts the
+# fastest GPU first, while the driver's tools (NVML, which `nvidia-smi`, nvitop and
+# `kosmoss env` read) number GPUs by PCI bus. On a machine with two different GPUs,
+# `cuda:0` may then not be `nvidia-smi`'s GPU 0; `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes
+# both agree. The driver still sees every GPU whatever these say. Each line below is a
+# fresh Python process, since both variables are read when CUDA starts:
 
 # %%
 probe = ("import torch; from kosmoss.environment import gpus; "
          "print(torch.cuda.device_count(), len(gpus()))")
 for value in (None, "", "0", "1,0"):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # indices as nvidia-smi numbers them
     if value is not None:
         env["CUDA_VISIBLE_DEVICES"] = value
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -113,23 +120,30 @@ for value in (None, "", "0", "1,0"):
     shown = "unset" if value is None else repr(value)
     print(f"CUDA_VISIBLE_DEVICES={shown:6s}: torch sees {out[0]} GPU(s), the driver {out[1]}")
 if not torch.cuda.is_available():
-    print("\nno GPU here, so every count is 0. On a machine with GPUs, '' hides them all "
-          "from torch, '0' shows one, and '1,0' shows two with their numbers swapped "
-          "(cuda:0 is then physical GPU 1); the driver's count never changes.")
+    print("(no GPU here, so every count is 0: GPU only; no recorded result yet)")
 
 # %% [markdown]
-# That renumbering is why `--gpu-ids 2,3` (local rank `r` uses id `ids[r]`) and
-# `CUDA_VISIBLE_DEVICES=2,3` are two ways to say the same thing; do not combine them
-# unless you mean the ids *after* the renumbering.
+# `--gpu-ids 2,3` is not the same as `CUDA_VISIBLE_DEVICES=2,3`. With `--gpu-ids`, local
+# rank `r` uses the CUDA id `ids[r]`, but every rank still sees every GPU: anything that
+# touches the default device (a library, a stray `.cuda()`) lands on `cuda:0`, another
+# job's GPU perhaps. `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process
+# altogether, and its ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
+# `--gpu-ids` count *after* the renumbering, so `CUDA_VISIBLE_DEVICES=2,3` with
+# `--gpu-ids 1` is physical GPU 3 (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
+# as Slurm set `CUDA_VISIBLE_DEVICES` for you: there, use the ids from zero.
 #
 # ## Two ranks on one GPU
 #
 # DDP wants one rank per GPU. With more ranks than GPUs — a laptop with one GPU, or a
 # lesson where everybody shares one card — NCCL refuses ("Duplicate GPU detected"). gloo
 # accepts CUDA tensors for its all-reduce, so kosmoss's rule (`kosmoss.devices.sharing`)
-# is: one rank per GPU, NCCL; more ranks than GPUs, gloo, and each rank may use only its
-# share of the GPU's memory (`torch.cuda.set_per_process_memory_fraction`), so that one
-# rank cannot starve the others.
+# is: one rank per GPU, NCCL; more ranks than GPUs, gloo, and each rank's PyTorch
+# allocations are capped at its share of the GPU's memory
+# (`torch.cuda.set_per_process_memory_fraction`), so that one rank's tensors cannot starve
+# the others. The cap covers only PyTorch's caching allocator: the CUDA context each
+# process creates (a few hundred MiB), and memory that other libraries (NCCL's buffers,
+# cuDNN or cuBLAS workspaces) allocate outside PyTorch, are not counted in it. Leave room
+# for them.
 
 # %%
 for ranks, gpus in ((2, 0), (1, 1), (2, 2), (2, 1), (3, 1), (4, 2)):
@@ -138,8 +152,8 @@ for ranks, gpus in ((2, 0), (1, 1), (2, 2), (2, 1), (3, 1), (4, 2)):
           f"{share.memory_fraction:.2f}  ({share.reason})")
 
 # %% [markdown]
-# What the memory share does, on a GPU: an allocation beyond it fails in that process
-# only, with an out-of-memory error, while the GPU itself still has room.
+# What the memory share does, on a GPU: an allocation through PyTorch beyond it fails in
+# that process only, with an out-of-memory error, while the GPU itself still has room.
 
 # %%
 if torch.cuda.is_available():
@@ -153,8 +167,8 @@ if torch.cuda.is_available():
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     torch.cuda.empty_cache()
 else:
-    print("no GPU here: this step would cap this process at half of GPU 0 and show that an "
-          "allocation of more than that fails with torch.cuda.OutOfMemoryError")
+    print("GPU only; no recorded result yet (no GPU here: the cell caps this process's PyTorch "
+          "allocations at half of GPU 0 and tries to allocate more than that)")
 
 # %% [markdown]
 # Now the real thing: `trainup_gpu.py --gpus 2`. With two GPUs it trains with NCCL, one
@@ -167,6 +181,8 @@ sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--dataset", "tiny"
     "--batch-size", "128", "--max-epochs", "1", "--no-progress", "--result-json", out])
 result = json.loads(out.read_text())
 print({k: result[k] for k in ("accelerator", "device", "world_size", "backend", "warnings")})
+if not torch.cuda.is_available():  # "falls back to CPU, says so, and records the warning"
+    assert result["accelerator"] == "cpu" and result["warnings"]
 
 # %% [markdown]
 # And with `--require-gpu`, the same command refuses to fall back when there is no GPU:
@@ -177,6 +193,7 @@ refused = sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--requir
               "--dataset", "tiny", "--max-epochs", "1", "--no-progress"], check=False)
 print(f"exit code {refused.returncode}"
       + (" (a GPU was there, so it trained)" if refused.returncode == 0 else ""))
+assert refused.returncode == (0 if torch.cuda.is_available() else 2)
 
 # %% [markdown]
 # ## `kosmoss env`: what this machine has
@@ -225,3 +242,45 @@ print("backends:", {k: v for k, v in facts["backends"].items()},
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 05` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Decide where a run computes, as `kosmoss.devices.decide` does.**
+#
+# Write `device_for(machine, machine_index, run_asks_gpu, visible_gpus)` returning
+# `"cpu"` or `"cuda:N"`. `machine` is the machine's setting: `"none"` (CPU only),
+# `"offer"` (a GPU if the run asks) or `"force"` (a GPU whatever the run asks);
+# `machine_index` picks a GPU (`None`: the first); `visible_gpus` is how many GPUs torch
+# sees. A GPU that is wanted but absent means CPU; an index that does not exist means GPU
+# 0. The checker compares with `decide` on every row of the lesson's decision table.
+
+# %%
+# exercise: 05.device_for
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    """Returns "cpu" or "cuda:N"."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("05.device_for", globals())
+
+# %% [markdown]
+# **Pick the backend and memory share for ranks on a host's GPUs.**
+#
+# Write `memory_share(ranks_on_host, gpus_on_host)` returning `(backend, fraction)`: the
+# process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memory each
+# rank may use, when the ranks are spread as evenly as possible over the GPUs. NCCL
+# refuses two ranks on one GPU; gloo accepts CUDA tensors; with no GPU, gloo and a
+# fraction of `1.0`. The checker compares with `kosmoss.devices.sharing`.
+
+# %%
+# exercise: 05.memory_share
+def memory_share(ranks_on_host, gpus_on_host):
+    """(backend, fraction of a GPU's memory per rank)."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("05.memory_share", globals())

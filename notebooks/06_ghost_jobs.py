@@ -23,7 +23,7 @@
 #   `kosmoss.release_memory()`;
 # - nvitop, to see who holds a GPU.
 #
-# Time: ~20 min
+# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
 
 # %% [markdown]
 # ## Why ghosts happen
@@ -52,8 +52,10 @@ import psutil
 
 import kosmoss
 from kosmoss.ghosts import KOSMOSS_GHOSTS, find_ghosts, port_is_free
-from kosmoss.launch import free_port
-from kosmoss.lessons import script, sh
+from kosmoss.launch import free_port, port_holders
+from kosmoss.lessons import quiet_lightning, script, sh
+
+quiet_lightning()
 
 scratch = Path(tempfile.mkdtemp(prefix="lesson06-"))
 
@@ -101,6 +103,10 @@ while port_is_free(port):  # node 0 listens on the port once the process group i
 nodes = [child.pid for child in psutil.Process(launcher.pid).children()]
 print(f"launcher pid {launcher.pid}, node processes {nodes}, MASTER_PORT {port} in use: "
       f"{not port_is_free(port)}")
+holders = port_holders(port)
+print(f"MASTER_PORT {port} is held by pid(s) {holders}: node 0's rank 0, whose TCPStore "
+      "serves the rendezvous")
+assert set(holders) <= set(nodes) and holders, "the store lives in a node process"
 memory_before = psutil.virtual_memory().available
 launcher.kill()  # SIGKILL: the launcher cannot clean up
 launcher.wait()
@@ -110,9 +116,17 @@ print(f"launcher killed; node processes still alive: {alive}, holding "
       f"{tree_rss(alive):.0f} MB; port {port} still in use: {not port_is_free(port)}")
 
 # %% [markdown]
-# The nodes do not know their parent is gone: they still talk to each other over the
-# port, and keep training — for nobody, since the parent that would have collected the
-# results is dead.
+# The nodes do not know their parent is gone: they keep training — for nobody, since
+# the parent that would have collected the results is dead — and they keep the port.
+#
+# Who holds `MASTER_PORT` is worth knowing exactly. It is not "the run": it is the
+# **TCPStore**, the small key-value server through which the ranks found each other,
+# and it lives in global rank 0's process (under torchrun, in node 0's agent). It keeps
+# the port for as long as that process lives — after the other ranks have finished, and
+# after rank 0 has stopped training, until it exits. So a rank that finished does not
+# give the port back unless it was the one hosting the store, and checking "is any rank
+# of my run still alive" is not the same as "is the port free": ask who listens on it
+# (`kosmoss ghosts --port`, `kosmoss.launch.port_holders`).
 #
 # ## Find it: `kosmoss ghosts`
 #
@@ -162,8 +176,12 @@ print(f"ghosts left: {[g.pid for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]
 # a `model` or `trainer` variable, IPython's output history — and PyTorch's caching
 # allocator keeps freed blocks reserved for reuse, so nvitop shows the memory as used
 # either way. There is no ghost process to end: the kernel itself holds it.
-# `kosmoss.release_memory()` runs the garbage collector, hands the cached blocks back to
-# the driver, and says how much is still allocated (then `del` what refers to it).
+# `kosmoss.release_memory()` runs the garbage collector, hands PyTorch's cached blocks
+# back to the driver, and says how much is still allocated (then `del` what refers to
+# it). What it cannot free is the **CUDA context** itself — the few hundred MiB every
+# process that initialised CUDA keeps on each GPU it touched, outside PyTorch's cache —
+# nor what other libraries allocated: nvitop still shows the kernel on the GPU after
+# `release_memory()`. Only ending the process (restarting the kernel) frees those.
 
 # %%
 import torch
@@ -174,10 +192,12 @@ if torch.cuda.is_available():
     print(f"reserved after del: {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
 freed = kosmoss.release_memory()
 print(freed)
-if not freed["cuda"]:
-    print("no CUDA in this kernel: nothing to hand back. On a GPU, this cell reserves 1 GiB, "
-          "drops it, and release_memory() reports it freed (cuda_freed) with nothing still "
-          "allocated.")
+if freed["cuda"]:
+    print(f"handed back {freed['cuda_freed'] / 2**20:.0f} MiB of PyTorch's cache; "
+          f"{freed['cuda_still_allocated'] / 2**20:.0f} MiB still allocated (referenced)")
+else:
+    print("no CUDA in this kernel, so no GPU memory to hand back "
+          "(GPU only; no recorded result yet)")
 
 # %% [markdown]
 # ## nvitop: who holds the GPU
@@ -223,8 +243,10 @@ else:
 #
 # ```python
 # # 1. rank 1 is listed as launcher-gone (its launcher, rank 0, is dead). On CPU, gloo
-# #    notices the dead peer within seconds and rank 1 exits by itself; on GPUs NCCL may
-# #    wait until its timeout (minutes), holding the GPU all that time.
+# #    sees the peer's socket close and rank 1 fails at its next collective; on GPUs NCCL
+# #    may instead wait for the process group's timeout (30 minutes by default under
+# #    Lightning), holding the GPU all that time. The TCPStore died with rank 0, so the
+# #    port is free even while rank 1 lives.
 # # 2. It is not a kosmoss process (no marks), so it is listed as a port holder and not
 # #    killable; name it: kosmoss ghosts --kill --port 8765 --pid <its pid>.
 # server = subprocess.Popen([sys.executable, "-m", "http.server", "8765"])
@@ -235,3 +257,30 @@ else:
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 06` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Find which process holds a port.**
+#
+# A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
+# Write `port_holder(port)`: the pid of the process *listening* on TCP port `port` on this
+# machine, or `None` when nobody listens there. Use `psutil` (its `net_connections`
+# lists every socket with its local address, status and pid). The checker starts a
+# process that listens on a free port, asks your function, and asks again once that
+# process has ended.
+
+# %%
+# exercise: 06.port_holder
+import psutil
+
+
+def port_holder(port):
+    """The pid listening on TCP `port`, or None."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("06.port_holder", globals())

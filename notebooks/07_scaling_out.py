@@ -23,7 +23,7 @@
 # - Slurm: the batch script, the signal before the time limit, requeue and resume;
 # - Horovod: `horovodrun`, and how it differs from DDP.
 #
-# Time: ~35 min
+# Time: ~35 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
 import importlib.util
@@ -38,7 +38,9 @@ import time
 from pathlib import Path
 
 from kosmoss.launch import free_port
-from kosmoss.lessons import script, sh
+from kosmoss.lessons import quiet_lightning, script, sh
+
+quiet_lightning()
 
 scratch = Path(tempfile.mkdtemp(prefix="lesson07-"))
 
@@ -100,15 +102,21 @@ for node, agent in enumerate(agents):
 #
 # Lightning builds the world from the same variables. Here is the trap the original
 # course fell into: starting a script **once** with `num_nodes=2` makes that process node
-# 0, and it waits at the rendezvous for node 1 — forever, since nobody starts node 1
-# (its log stops at `MEMBER 1/2`). Each node needs its own process with its own
-# `NODE_RANK`, and the same `MASTER_ADDR` and `MASTER_PORT`.
+# 0, and it waits at the rendezvous for node 1, which nobody starts (its log stops at
+# `MEMBER 1/2`): not forever, but for the process group's timeout — printed below,
+# Lightning's default — and then fails with a timeout error, half an hour later. Each
+# node needs its own process with its own `NODE_RANK`, and the same `MASTER_ADDR` and
+# `MASTER_PORT`.
 #
 # Without a cluster around it, `trainup_gpu.py --num-nodes 2` does exactly that on this
 # host: it starts one node process per node and waits for both (and ends the other if
 # one fails). Without a GPU it trains on CPU, with a warning.
 
 # %%
+from lightning_fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+print(f"Lightning's process-group timeout: {default_pg_timeout} (DDPStrategy(timeout=...) "
+      "changes it)")
 out = scratch / "two-nodes.json"
 sh([sys.executable, script("trainup_gpu.py"), "--strategy", "ddp", "--gpus", "1",
     "--num-nodes", "2", "--dataset", "tiny", "--batch-size", "128", "--max-epochs", "1",
@@ -140,18 +148,32 @@ print({k: under_torchrun[k] for k in ("launcher", "world_size", "backend", "repl
 # On an HPC cluster, Slurm allocates the nodes and `srun` starts one task per rank;
 # Lightning reads the `SLURM_*` variables (its `SLURMEnvironment`) and kosmoss takes the
 # world size from the allocation. The template below is what you submit with
-# `sbatch slurm/submit.sbatch --dataset small`. Note the last `#SBATCH` lines: Slurm
-# sends `SIGUSR1` some time before the time limit, and the job may be requeued.
+# `sbatch slurm/submit.sbatch --dataset small`. Note the last `#SBATCH` lines, and what
+# each does in Slurm:
+#
+# - `--signal=SIGUSR1@90` asks Slurm to send `SIGUSR1` to the job's tasks about that
+#   many seconds before the time limit (Slurm checks once a minute, so it may come up to
+#   a minute earlier; `B:` in front would signal only the batch shell instead).
+# - At the time limit itself Slurm sends `SIGTERM`, waits `KillWait` seconds (a
+#   cluster setting in `slurm.conf`, often thirty) and then `SIGKILL`; `scancel` does the
+#   same. A job that reaches its time limit ends as `TIMEOUT` and is **not** requeued.
+# - `--requeue` only *allows* the job to be requeued: by Slurm when a node fails or a
+#   preemption with `PreemptMode=REQUEUE` takes the nodes (the job gets `SIGTERM` first,
+#   then `SIGKILL` after the partition's grace time), or by anyone with
+#   `scontrol requeue <job id>`. A requeued job keeps its job id and starts the batch
+#   script again; `--open-mode=append` keeps its log.
 
 # %%
 print(script("slurm/submit.sbatch").read_text())
 
 # %% [markdown]
-# On that signal (or `SIGTERM`, from `scancel` or a preemption) every rank stops at the
-# **same** step — the ranks agree on it through an all-reduce — writes
-# `checkpoints/preempted.ckpt`, and the job exits cleanly. Under Slurm the job is then
-# requeued, keeps its job id and so its run folder, and resumes from that checkpoint by
-# itself. Elsewhere, `--resume <run id>` does the same. We can try that part on this
+# kosmoss handles both signals the same way: every rank stops at the **same** step — the
+# ranks agree on it through an all-reduce — writes `checkpoints/preempted.ckpt`, and the
+# job exits cleanly. On `SIGUSR1` under Slurm, rank 0 also runs `scontrol requeue` on its
+# own job, since Slurm would not requeue a job for its time limit; the requeued job keeps
+# its job id and so its run folder, and resumes from that checkpoint by itself. After
+# `SIGTERM` (scancel, time limit, preemption) it only checkpoints, and Slurm decides
+# whether the job comes back. Elsewhere, `--resume <run id>` continues the run. We can try that part on this
 # machine: start two ranks, send `SIGUSR1` to the launching process once training has
 # started, then resume.
 
@@ -194,10 +216,9 @@ sinfo = shutil.which("sinfo") and subprocess.run(["sinfo", "-h", "-o", "%P %a %D
                                                  capture_output=True, text=True, timeout=30)
 if not sinfo or sinfo.returncode != 0:
     why = "Slurm is not installed" if not sinfo else "sinfo does not answer (no controller)"
-    print(f"{why}: on a cluster, `sbatch --wait slurm/submit.sbatch --dataset tiny --max-epochs 1`\n"
-          "would queue the job, srun would start 2 tasks on one node, and the run folder\n"
-          "$KOSMOSS_HOME/runs/slurm-<job id>/ would hold result.json with launcher 'slurm'\n"
-          "and world_size 2; kosmoss-<job id>.out would hold what this notebook prints above.")
+    print(f"{why} (Slurm only; no recorded result yet): on a cluster this cell runs "
+          "`sbatch --wait slurm/submit.sbatch --dataset tiny --max-epochs 1` and reads the "
+          "job's result.json")
 else:
     print("partitions:", sinfo.stdout.strip())
     job = subprocess.run(["sbatch", "--parsable", "--wait", "--time=00:10:00",
@@ -229,12 +250,15 @@ else:
 #   the replicas identical at the start;
 # - **framework-agnostic**: the same runtime serves TensorFlow, PyTorch and MXNet.
 #
-# Lightning 2 dropped its Horovod strategy, so kosmoss carries its own
-# (`kosmoss/engines/horovod.py`), with the same flags and the same `result.json`.
-# Horovod's last release does not build against today's torch out of the box;
-# `scripts/install_horovod.sh` (in the repository) builds it.
+# Lightning 2 dropped its Horovod strategy, so kosmoss carries its own (the module
+# `kosmoss.engines.horovod`, whose file the cell below prints), with the same flags and
+# the same `result.json`. Horovod's last release does not build against today's torch out
+# of the box; `scripts/install_horovod.sh`, copied beside this notebook with
+# `docs/horovod.md`, builds it.
 
 # %%
+engine = importlib.util.find_spec("kosmoss.engines.horovod")
+print(f"kosmoss's Horovod engine: {engine.origin}")
 hvd_problem = None
 if importlib.util.find_spec("horovod") is None:
     hvd_problem = "Horovod is not installed (see docs/horovod.md: bash scripts/install_horovod.sh)"
@@ -245,15 +269,14 @@ horovod_command = ["horovodrun", "-np", "2", "--gloo", sys.executable,
                    "--batch-size", "128", "--max-epochs", "1", "--no-progress",
                    "--result-json", str(scratch / "horovod.json")]
 if hvd_problem:
-    print(f"{hvd_problem}.\nWith it, this cell would run\n  "
-          + " ".join(["horovodrun"] + horovod_command[1:4] + ["python"] + horovod_command[5:])
-          + "\nand show a result.json with strategy 'horovod', world_size 2 and identical "
-          "replica checksums, like the DDP runs above.")
+    print(f"{hvd_problem} (Horovod only; no recorded result yet). With it, this cell runs\n  "
+          + " ".join(["horovodrun"] + horovod_command[1:4] + ["python"] + horovod_command[5:]))
 else:
     sh(horovod_command, env=clean_env())
     hvd_run = trained(scratch / "horovod.json")
     print({k: hvd_run[k] for k in ("strategy", "launcher", "world_size", "replicas_identical",
                                    "test_loss")})
+    assert hvd_run["replicas_identical"] and hvd_run["world_size"] == 2
 
 # %% [markdown]
 # ## With a GPU
@@ -282,8 +305,38 @@ else:
 # # 2. the world is 2 nodes x 2 processes = 4 ranks, and 130 is not a multiple of 4:
 # sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--num-nodes", "2",
 #     "--batch-size", "130", "--dataset", "tiny"], check=False)  # exit code 2, one line
-# # 3. stopped_by is "SIGTERM". Under Slurm, SIGTERM (scancel, preemption) does not requeue
-# #    the job: only SIGUSR1, "time is nearly up", does.
+# # 3. stopped_by is "SIGTERM". Under Slurm kosmoss requeues only on SIGUSR1 ("time is
+# #    nearly up", scontrol requeue); after SIGTERM it checkpoints and exits, and the job
+# #    comes back only if Slurm requeues it (a preemption with PreemptMode=REQUEUE).
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 07` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Convert between global rank and (node rank, local rank).**
+#
+# A job runs `num_nodes × devices_per_node` ranks; torchrun, Slurm and Lightning number
+# them node after node. Write two functions: `rank_of(node_rank, local_rank,
+# devices_per_node)`, the global rank (`RANK`) of local rank `local_rank` on node
+# `node_rank`; and `place_of(rank, devices_per_node)`, the `(node_rank, local_rank)` of
+# global rank `rank` (local rank also picks the GPU on its node). The checker goes through
+# every rank of jobs from `2 × 1` to `4 × 8`.
+
+# %%
+# exercise: 07.rank_arithmetic
+def rank_of(node_rank, local_rank, devices_per_node):
+    """The global rank."""
+    raise NotImplementedError("your code here")
+
+
+def place_of(rank, devices_per_node):
+    """(node_rank, local_rank) of a global rank."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("07.rank_arithmetic", globals())

@@ -21,7 +21,7 @@
 #   a target loss, memory) and its plot;
 # - what limits each set-up on this machine, worked out from the numbers it measured.
 #
-# Time: ~25 min (the benchmark itself runs for a few minutes on two cores)
+# Time: ~25 min; the cells run in ~3 min on 2 CPU cores
 
 # %%
 import json
@@ -34,9 +34,10 @@ from IPython.display import Image, display
 
 from kosmoss.cpus import available_cores, cores_per_process
 from kosmoss.data import presets
-from kosmoss.lessons import sh
+from kosmoss.lessons import quiet_lightning, sh
 from kosmoss.model import LitMLP
 
+quiet_lightning()
 out = Path(tempfile.mkdtemp(prefix="lesson08-")) / "bench"
 
 # %% [markdown]
@@ -119,6 +120,13 @@ display(Image(filename=str(out / "bench.png")))
 #   `np.load` for every column), kosmoss's reads a whole batch in one gather, limited by
 #   copying memory.
 #
+# An all-reduce has two bandwidths (nccl-tests' convention). The **algorithm bandwidth**,
+# `algbw = buffer bytes / time`, is what the caller sees. The **bus bandwidth**,
+# `busbw = algbw × 2(n−1)/n`, counts what each rank actually sends and receives in a ring
+# all-reduce (every byte goes round twice, less its own share), so it compares with the
+# link's speed whatever the number of ranks. The benchmark times whole steps, not the
+# all-reduce alone, so the buffer reduced per second of training is only a floor on algbw.
+#
 # The cell below works these out from this run's numbers: the time per step, the cost
 # Lightning adds per step, the bytes every DDP step all-reduces, the cores each rank had,
 # the bytes a loader moves.
@@ -144,11 +152,15 @@ for key in ("ddp-cpu-2", "nodes-cpu-2x1", "horovod-cpu-2"):
     if not row:
         continue
     steps_per_s = row["samples_per_s"] / row["batch_size"]
-    reduced_mb = params * 4 / 1e6  # float32 gradients, summed over the ranks each step
-    print(f"{key}: {row['ranks']} ranks with {cores_per_process(row['ranks'])} thread(s) each, "
-          f"{step_ms(row):.1f} ms per global step, all-reduce of {reduced_mb:.2f} MB per step "
-          f"= {reduced_mb * steps_per_s:.0f} MB/s; efficiency {row['scaling_efficiency']:.2f}, "
-          f"first step after {row['time_to_first_step_s']:.1f} s")
+    reduced_mb = params * 4 / 1e6  # float32 gradients, the all-reduce's buffer each step
+    n = row["ranks"]
+    # Per second of *training* (compute included): a floor on the all-reduce's algbw.
+    algbw = reduced_mb * steps_per_s
+    print(f"{key}: {n} ranks with {cores_per_process(n)} thread(s) each, "
+          f"{step_ms(row):.1f} ms per global step, all-reduce of {reduced_mb:.2f} MB per step: "
+          f"{algbw:.0f} MB/s of buffer reduced per second of training (algbw at least that), "
+          f"busbw = algbw x 2({n}-1)/{n} = {algbw * 2 * (n - 1) / n:.0f} MB/s; efficiency "
+          f"{row['scaling_efficiency']:.2f}, first step after {row['time_to_first_step_s']:.1f} s")
 distributed = [key for key in ("ddp-cpu-2", "nodes-cpu-2x1", "horovod-cpu-2") if key in measured]
 if single:
     for key in distributed:
@@ -249,3 +261,51 @@ else:
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 08` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Compute a model's training memory and check it against a measurement.**
+#
+# Write `training_memory(model, batch_size)`: the bytes one training step with Adam needs
+# for `model` (an `nn.Sequential` of `nn.Linear` and activation layers, float32) on a batch
+# of `batch_size` columns: parameters + gradients + Adam's two states per parameter +
+# activations, the tensors autograd keeps for the backward pass — here the input batch,
+# the output of every layer (each `Linear` and each activation) and the loss's targets
+# (as large as the last output). The checker measures a real step (tensor sizes,
+# autograd's saved tensors, the optimizer's state) on two models and compares (within one percent).
+
+# %%
+# exercise: 08.training_memory
+import torch
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    """Bytes: parameters + gradients + Adam states + activations, float32."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("08.training_memory", globals())
+
+# %% [markdown]
+# **Tell algorithm bandwidth from bus bandwidth for an all-reduce.**
+#
+# Write `bandwidths(nbytes, seconds, world_size)` returning `(algbw, busbw)` in bytes per
+# second for an all-reduce of a buffer of `nbytes` bytes that took `seconds` on
+# `world_size` ranks. The algorithm bandwidth is the buffer size over the time; the bus
+# bandwidth (nccl-tests' convention) corrects it by the share of the data every rank must
+# send and receive in an all-reduce, so that it compares with the hardware's link speed
+# whatever the number of ranks. The checker compares on several sizes and world sizes.
+
+# %%
+# exercise: 08.bandwidths
+def bandwidths(nbytes, seconds, world_size):
+    """(algbw, busbw) of an all-reduce, bytes/s."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("08.bandwidths", globals())

@@ -41,6 +41,14 @@ if [ -n "$torch_cuda" ] && command -v nvcc >/dev/null; then
     ops=gloo-nccl
 fi
 
+# torch's own headers say which C++ they need: C++17 from torch 2.1, C++20 in newer builds
+# (ATen.h: "#error C++20 or later compatible compiler is required to use ATen").
+torch_include=$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+cxx_std=17
+if grep -qs "C++20 or later" "$torch_include/ATen/ATen.h"; then
+    cxx_std=20
+fi
+
 cache_dir="${KOSMOSS_WHEEL_CACHE:-$HOME/.cache/kosmoss/wheels}/horovod-$HOROVOD_VERSION/torch-$torch_version-$ops"
 cached_wheel=$(ls "$cache_dir"/horovod-"$HOROVOD_VERSION"-"$python_tag"-*.whl 2>/dev/null | head -n 1 || true)
 
@@ -58,7 +66,7 @@ check_install() {
 
 if [ "$rebuild" = 0 ] && [ -n "$cached_wheel" ]; then
     say "cached wheel for torch $torch_version ($ops, $python_tag) found: horovod $HOROVOD_VERSION"
-    say "  with CMAKE_CXX_STANDARD 14 -> 17 (torch >= 2.1 needs C++17; fix unreleased upstream)"
+    say "  with CMAKE_CXX_STANDARD 14 -> $cxx_std (what torch $torch_version's headers need)"
     install_wheel "$cached_wheel"
     check_install
     exit 0
@@ -94,13 +102,13 @@ say "fetching the horovod $HOROVOD_VERSION sdist from PyPI"
 tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
 src="$work/horovod-$HOROVOD_VERSION"
 
-say "patching: CMAKE_CXX_STANDARD 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt"
-say "  (torch >= 2.1 headers need C++17; upstream fix horovod/horovod#3998 is merged but unreleased)"
+say "patching: CMAKE_CXX_STANDARD 14 -> $cxx_std in CMakeLists.txt and horovod/torch/CMakeLists.txt"
+say "  (torch $torch_version's headers need C++$cxx_std; upstream's C++17 fix, horovod/horovod#3998, is unreleased)"
 for cmake_file in CMakeLists.txt horovod/torch/CMakeLists.txt; do
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$cmake_file"
-    if ! grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/$cmake_file" \
+    sed -i "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $cxx_std)/" "$src/$cmake_file"
+    if ! grep -q "set(CMAKE_CXX_STANDARD $cxx_std)" "$src/$cmake_file" \
         || grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$cmake_file"; then
-        echo "install_horovod.sh: the C++17 patch did not apply to $cmake_file; the sdist changed?" >&2
+        echo "install_horovod.sh: the C++$cxx_std patch did not apply to $cmake_file; the sdist changed?" >&2
         exit 1
     fi
 done

@@ -95,3 +95,29 @@ def test_real_gpu_is_chosen_and_followed():
     policy = decide(MachineGpu("offer"), True)
     assert policy.gpu and policy.to(torch.ones(1)).device.type == "cuda"
     assert to_numpy(policy.to(torch.ones(2, dtype=torch.bfloat16))).tolist() == [1.0, 1.0]
+
+
+def test_the_machine_says_its_part_through_the_environment(monkeypatch):
+    monkeypatch.delenv(devices.MACHINE_ENV, raising=False)
+    monkeypatch.delenv(devices.INDEX_ENV, raising=False)
+    assert MachineGpu.from_environment("offer") == MachineGpu("offer", None)
+    monkeypatch.setenv(devices.MACHINE_ENV, "force")
+    monkeypatch.setenv(devices.INDEX_ENV, "1")
+    machine = MachineGpu.from_environment("none")
+    assert machine == MachineGpu("force", 1)
+    # trainup_cpu.py's run asks for no GPU, but a machine that forces one gets it, GPU 1.
+    assert decide(machine, use_gpu=False, gpu_count=2).device == devices.torch.device("cuda", 1)
+    monkeypatch.setenv(devices.MACHINE_ENV, "always")
+    with pytest.raises(UsageError, match="^KOSMOSS_MACHINE_GPU=always: choose one of"):
+        MachineGpu.from_environment("none")
+
+
+def test_the_trainer_devices_come_from_the_policy():
+    on_cpu = decide(MachineGpu("none"), use_gpu=True, gpu_count=4)
+    assert (on_cpu.trainer_devices(3), on_cpu.gpus_on_host) == (3, 0)
+    ids = decide(MachineGpu("offer"), use_gpu=True, gpu_count=4, gpu_ids=(3, 1))
+    assert (ids.trainer_devices(2), ids.gpus_on_host, ids.index) == ([3, 1], 2, 3)
+    picked = decide(MachineGpu("offer", 2), use_gpu=True, gpu_count=4)
+    assert (picked.trainer_devices(1), picked.gpus_on_host) == ([2], 4)
+    with pytest.raises(UsageError, match="^gpu_ids 0,5: CUDA id 5 does not exist"):
+        decide(MachineGpu("offer"), use_gpu=True, gpu_count=2, gpu_ids=(0, 5))

@@ -116,7 +116,7 @@ def test_more_processes_than_cores_is_a_warning(monkeypatch):
     monkeypatch.setattr("kosmoss.run.config.available_cores", lambda: 2)
     warnings = validate(RunConfig(num_processes=3))
     assert len(warnings) == 1 and "more than the 2 CPU cores" in warnings[0]
-    assert validate(RunConfig(num_processes=2)) == []
+    assert validate(RunConfig(num_processes=2)) == ()
 
 
 def _start_and_signal(home, sig, args, wait_s=12):

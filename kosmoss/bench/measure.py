@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..launch import end_groups
 from .setups import PACKAGE_PARENT, Plan, Setup, command, environment, last_line
 
 # Variables of a launcher that may have started the bench itself: its rows start their own.
@@ -110,12 +110,4 @@ def run_logged(argv: List[str], env: Dict[str, str], timeout_s: float, log: Path
 def end_group(process: subprocess.Popen) -> None:
     """SIGTERM to the row's process group (kosmoss's launchers pass it on to their node
     processes), then SIGKILL to whatever of the group is left after a grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:  # the group is gone
-            return
-        try:
-            process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
+    end_groups([process], STOP_GRACE_S)

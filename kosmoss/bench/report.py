@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 from typing import Callable, List, Optional
 
 from rich.console import Group
 from rich.table import Table
 
+from ..files import atomic_write_with
 from .figures import TARGET_MARGIN
 
 OUTPUTS = ("bench.json", "bench.csv", "bench.png")
@@ -90,10 +90,7 @@ def _caption(bench: dict) -> str:
 
 
 def _write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temporary file: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    atomic_write_with(path, write)  # a reader never sees half a file
 
 
 def write_json(bench: dict, path: Path) -> None:
@@ -127,7 +124,8 @@ def write_png(bench: dict, path: Path) -> None:
     speed, share = figure.subplots(1, 2)
     _bars(speed, [r["id"] for r in measured], [r["samples_per_s"] for r in measured], "C0")
     _predicted_marks(speed, measured)
-    speed.set_xscale("log")
+    if measured:  # a log axis with no bar on it cannot be drawn (every row skipped)
+        speed.set_xscale("log")
     speed.set_xlabel("samples/s (median, log scale)")
     speed.set_title("throughput")
     _grouped(share, training)

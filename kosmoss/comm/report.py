@@ -4,12 +4,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 from typing import Callable, List
 
 from rich.table import Table
 
+from ..files import atomic_write_with
 from .figures import human_size
 
 OUTPUTS = ("comm.json", "comm.csv", "comm.png")
@@ -33,7 +33,8 @@ def table(result: dict) -> Table:
                  caption=_caption(result), caption_justify="left")
     for name in ("group", "size", "time", "algbw GB/s", "busbw GB/s", "min..max"):
         grid.add_column(name, justify="left" if name == "group" else "right")
-    marks = {result["model_gradient_bytes"]: " (gradients)", result["ddp_bucket_bytes"]: " (bucket)"}
+    marks = {result["model_gradient_bytes"]: " (gradients)",
+             result["ddp_bucket_bytes"]: " (bucket)"}
     for name, group in result["groups"].items():
         for row in group["rows"]:
             grid.add_row(f"{name} ({group['ranks']})", row["size"] + marks.get(row["bytes"], ""),
@@ -56,10 +57,7 @@ def _caption(result: dict) -> str:
 
 
 def _write(path: Path, write: Callable[[Path], None]) -> None:
-    """Through a temporary file: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    atomic_write_with(path, write)  # a reader never sees half a file
 
 
 def csv_text(result: dict) -> str:

@@ -38,7 +38,8 @@ def env_command(args: argparse.Namespace) -> None:
         ("CPU cores", f"{cpu['cores_available']} available ({cpu['cores_logical']} logical, "
                       f"{cpu['cores_physical']} physical), {cpu['memory_gib']} GiB"),
         ("GPUs", "\n".join(f"{g['index']}: {g['name']}, {g['memory_used_mib']} / "
-                           f"{g['memory_total_mib']} MiB used" for g in facts["gpus"]) or "none"),
+                           f"{g['memory_total_mib']} MiB used, driver {g['driver']}"
+                           for g in facts["gpus"]) or "none"),
         ("backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in facts["backends"].items())),
         ("launcher", facts["launcher"] or "none (kosmoss or Lightning starts the processes)"),
         ("KOSMOSS_HOME", facts["kosmoss_home"]),

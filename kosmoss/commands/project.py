@@ -5,7 +5,7 @@ node × M nodes (the cost model: kosmoss/projection.py, docs/scaling.md).
     kosmoss project --from ~/.kosmoss/runs/RUN_ID    # a 1-process run's step (result.json)
     kosmoss project --from bench/bench.json --row kosmoss-cpu
     kosmoss project --comm comm/comm.json            # links measured by kosmoss comm
-    kosmoss project --device cuda --intra nvlink4 --inter ib-ndr --nics 8 --devices 8 --nodes 1 2 4 16
+    kosmoss project --intra nvlink4 --inter ib-ndr --nics 8 --devices 8 --nodes 1 2 4 16
     kosmoss project --json --out DIR                 # project.json, project.csv, project.png
 
 Links: --comm FILE (kosmoss comm's JSON), or presets (nvlink3, nvlink4, pcie4, pcie5,
@@ -30,6 +30,7 @@ from ..errors import UsageError
 HELP = ("predicted DDP scaling (N devices per node x M nodes): step time, samples/s, "
         "efficiency, communication share, break-even, the dominant assumption")
 DEFAULT_BATCH = 1024
+DEFAULT_INTER = "ib-hdr"
 ON_THE_SPOT_SIZES = ("256K", "1M", "4M", "8M")
 
 
@@ -131,7 +132,8 @@ def _links(args: argparse.Namespace, device: str):
             raise UsageError(f"--comm {args.comm}: not readable ({err}); give kosmoss comm's "
                              "comm.json") from None
     intra = preset(args.intra, "--intra") if args.intra else measured[0]
-    inter = preset(args.inter, "--inter") if args.inter else measured[1] or preset("ib-hdr", "--inter")
+    inter = preset(args.inter, "--inter") if args.inter else \
+        measured[1] or preset(DEFAULT_INTER, "--inter")
     if intra is None and device == "cuda":
         intra = preset("pcie4", "--intra")
     return intra, inter

@@ -115,11 +115,13 @@ def _says_timeout(error: BaseException) -> bool:
 def write_stacks(run_dir: Path) -> Path:
     """Dump the stacks of every live process of the run into ``run_dir/stacks/`` (text, and
     JSON beside it) and return the text file. The caller's own stack is read in-process."""
-    from .runs import live_run_at
+    from .runs import RunProcess, live_run_at
     from .stacks import collect, render_json, render_text
     from ..files import atomic_write_json, atomic_write_text
 
     run = live_run_at(Path(run_dir), require_alive=False)
+    if os.getpid() not in {member.pid for member in run.processes}:  # its record says ended
+        run.processes.insert(0, RunProcess(os.getpid(), 0.0, "process", None, "this process"))
     dump = collect(run, native=False)
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}"
     folder = Path(run_dir) / STACKS_DIR

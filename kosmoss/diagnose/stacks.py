@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,8 +30,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
-from .runs import LiveRun, RunProcess
+from .runs import LiveRun, RunProcess, read_heartbeats
 
+_HERE = Path(__file__).parent
+FRESH_S = 5.0  # a heartbeat this recent: the run is still making steps
 DUMP_TIMEOUT_S = 60.0  # py-spy takes ~1 s per process; far more on a loaded machine
 PARALLEL_DUMPS = 8
 # torch.distributed's collectives, as their Python function names.
@@ -120,6 +123,7 @@ class RunStacks:
     groups: List[Group]
     native: bool
     tool: str  # "py-spy 0.4.3"
+    moving_s: Optional[float] = None  # age of the newest training heartbeat, when fresh
 
 
 def find_py_spy() -> str:
@@ -166,7 +170,15 @@ def collect(run: LiveRun, native: bool = False, strict: bool = False) -> RunStac
 
     with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_DUMPS, len(run.processes)))) as pool:
         dumped = list(pool.map(one, run.processes))
-    return RunStacks(run, dumped, group(dumped), native, tool)
+    return RunStacks(run, dumped, group(dumped), native, tool, _moving(run))
+
+
+def _moving(run: LiveRun) -> Optional[float]:
+    """How long ago a rank last reported a step, when that is recent: the run is not stuck,
+    and an odd one out is only a moment's difference."""
+    ages = [time.time() - float(beat.get("time") or 0) for beat in
+            read_heartbeats(run.run_dir).values() if beat.get("state") == "train"]
+    return min(ages) if ages and min(ages) < FRESH_S else None
 
 
 class StackError(Exception):
@@ -226,6 +238,9 @@ def own_threads() -> List[Thread]:
             summary = _raised_at(handled)
             name += f" (handling {type(handled).__name__})"
         frames = [Frame(f.name, f.filename, f.lineno or 0) for f in reversed(summary)]
+        if ident == threading.get_ident() and handled is None:  # reading it is no news
+            while len(frames) > 1 and Path(frames[0].filename).parent == _HERE:
+                frames.pop(0)
         threads.append(Thread(name, native_id or ident, frames))
     return threads
 
@@ -399,6 +414,9 @@ def render_text(result: RunStacks) -> str:
     lines = [f"run {run.run_id} ({run.record.get('kind') or 'run'}, {run.state}): "
              f"{len(result.processes)} process(es), {len(result.groups)} different stack(s); "
              f"{result.tool}" + (", native frames" if result.native else "")]
+    if result.moving_s is not None:
+        lines.append(f"a rank reported a step {result.moving_s:.1f} s ago: the run moves, and "
+                     "these stacks are one moment of it")
     lines.append("")
     for g in result.groups:
         mark = f"   <-- odd one out: {g.why_odd}" if g.odd else ""
@@ -425,7 +443,7 @@ def render_json(result: RunStacks) -> dict:
     run = result.run
     return {
         "run_id": run.run_id, "run_dir": str(run.run_dir), "state": run.state,
-        "tool": result.tool, "native": result.native,
+        "tool": result.tool, "native": result.native, "last_step_s_ago": result.moving_s,
         "groups": [{"members": [m.process.as_dict() for m in g.members], "summary": g.summary,
                     "waits_in_collective": g.waits, "odd_one_out": g.odd, "why": g.why_odd}
                    for g in result.groups],

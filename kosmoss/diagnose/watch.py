@@ -197,10 +197,10 @@ def gpu_processes() -> Dict[int, dict]:
     try:
         from nvitop import NA, Device
 
-        from ..environment import _quiet_nvml
+        from ..environment import quiet_nvml
 
         found: Dict[int, dict] = {}
-        with _quiet_nvml():
+        with quiet_nvml():
             for device in Device.all():
                 for pid, proc in device.processes().items():
                     use = found.setdefault(pid, {"memory": 0, "sm": None, "gpus": []})
@@ -275,6 +275,6 @@ def _age(seconds: Optional[float]) -> str:
 
 
 def _bytes(value: Optional[int]) -> str:
-    if value is None:
-        return ""
-    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+    from nvitop import bytes2human  # the same formatting as nvitop's own view
+
+    return "" if value is None else bytes2human(value)

@@ -123,3 +123,16 @@ def test_the_predicted_column_is_in_the_json_the_csv_the_table_and_the_png(tmp_p
     check = {c["name"]: c for c in bench["checks"]}["predicted ÷ measured samples/s, ddp-cpu-2"]
     assert check["passed"] is True and check["value"] == pytest.approx(0.9)
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_thread_probes_run_only_for_multi_rank_cpu_rows(random_dataset, monkeypatch):
+    monkeypatch.setattr("kosmoss.cpus.available_cores", lambda: 2)
+    monkeypatch.setattr(projection, "thread_speedup", lambda batch, threads, **k: 0.5)
+    plan = plan_for(random_dataset)
+    alone = runner.ThreadProbes([BY_ID["raw-cpu"], BY_ID["kosmoss-cpu"]], plan)
+    alone.measure()
+    assert alone.keys() == [] and alone.found == {}
+    probes = runner.ThreadProbes([BY_ID["kosmoss-cpu"], BY_ID["ddp-cpu-2"]], plan)
+    probes.measure()
+    probes.measure()
+    assert probes.found == {"2 threads, batch 256": [0.5, 0.5]}

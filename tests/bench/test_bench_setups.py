@@ -115,8 +115,12 @@ def test_kosmoss_rows_run_the_real_entry_points(tmp_path):
     assert bf16[bf16.index("--precision") + 1] == "bf16-mixed"
     horovod = command(BY_ID["horovod-cpu-2"], plan(), out)
     assert Path(horovod[0]).name == "horovodrun" and horovod[1:4] == ["-np", "2", "--gloo"]
-    assert horovod[4:8] == [sys.executable, str(scripts / "trainup_gpu.py"), "--strategy",
+    # Every CPU row runs through trainup_cpu.py: it has every flag a CPU set-up needs.
+    assert horovod[4:8] == [sys.executable, str(scripts / "trainup_cpu.py"), "--strategy",
                             "horovod"]
+    cpu_nodes = command(BY_ID["nodes-cpu-2x1"], plan(), out)
+    assert cpu_nodes[1:6] == [str(scripts / "trainup_cpu.py"), "--num-nodes", "2",
+                              "--num-processes", "1"]
 
 
 def test_baseline_rows_run_the_baselines_module(tmp_path):

@@ -65,3 +65,25 @@ def test_a_real_two_rank_gloo_run(tmp_path, capsys, monkeypatch):
     with (out / "comm.csv").open() as handle:
         assert [int(r["bytes"]) for r in csv.DictReader(handle)] == [MIB, 8 * MIB, 32 * MIB]
     assert (out / "comm.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_simulated_nodes_time_the_two_halves_of_a_hierarchical_all_reduce(tmp_path, capsys,
+                                                                          monkeypatch):
+    from kosmoss.projection import links_from_comm
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    # Sizes beyond the latency regime: the fit's slope is positive however loaded the host.
+    assert comm.main(["--ranks", "4", "--nodes", "2", "--sizes", "1M", "8M", "--repeats", "3",
+                      "--warmup", "1", "--out", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plan"]["ranks_per_node"] == 2 and result["plan"]["threads_per_rank"] == 1
+    groups = result["groups"]
+    assert {name: group["ranks"] for name, group in groups.items()} == \
+        {"world": 4, "intra": 2, "inter": 2}
+    for group in groups.values():
+        assert all(row["time_s"] > 0 for row in group["rows"]) and group["fit"] is not None
+    # kosmoss project reads each half as its link: intra from the node, inter across nodes.
+    intra, inter = links_from_comm(result)
+    assert intra.bandwidth_Bps == groups["intra"]["fit"]["link_bandwidth_Bps"]
+    assert inter.latency_s == groups["inter"]["fit"]["link_latency_s"]

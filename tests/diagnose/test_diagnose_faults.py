@@ -124,6 +124,8 @@ def test_a_rank_that_never_arrives_is_named_and_the_stacks_written(tmp_path):
     assert "TinyData.setup" in rank1 and "odd one out" in rank1
     (rank0,) = [line for line in text.splitlines() if line.startswith("rank 0 (pid")]
     assert "monitored_barrier" in rank0
-    # Rank 0 wrote its heartbeat in setup, just before the check: 5 s, then the stacks.
-    arrived = read_heartbeats(run_dir)[0]["time"]
-    assert stacks.stat().st_mtime - arrived < 5 + 25
+    # Rank 1 got stuck when rank 0 reached the check (both right after Lightning's
+    # "pre_setup" barrier): 5 s of check, then py-spy on two processes.
+    stuck = (run_dir / "absent-rank-1").stat().st_mtime
+    assert 5 <= stacks.stat().st_mtime - stuck < 5 + 25
+    assert read_heartbeats(run_dir)[0]["state"] == "failed"

@@ -49,7 +49,7 @@ def test_horovodrun_topology_comes_from_its_variables(monkeypatch):
     assert detect_launcher() == "horovodrun"
     topology = launch.resolve(None, None, engines.get("horovod"))
     assert (topology.launcher, topology.num_nodes, topology.devices_per_node) == ("horovodrun", 2, 2)
-    assert (topology.world_size, topology.node_rank, topology.global_rank_hint()) == (4, 1, 3)
+    assert (topology.world_size, topology.node_rank, topology.global_rank) == (4, 1, 3)
 
 
 def test_horovodrun_wins_over_slurm_variables(monkeypatch):

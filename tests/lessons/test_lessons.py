@@ -1,9 +1,13 @@
 """Every lesson runs top to bottom in a real Jupyter kernel, as a learner gets it.
 
-The lessons are copied with ``kosmoss lessons`` into a working folder and executed there
-with nbclient (this venv's python3 kernel), in a private KOSMOSS_HOME shared by the eight
-so each dataset is prepared once. Cheap checks of their shape (what you will learn, time,
-exercises with solutions that compile, a GPU note, no number stated in prose) run first.
+The lessons are copied with ``kosmoss lessons`` into a working folder and the notebooks
+there are executed with nbclient (this venv's python3 kernel), in a private KOSMOSS_HOME
+shared by all lessons so each dataset is prepared once, with ``KOSMOSS_LESSON_QUICK=1``
+(lesson 4's experiment at half length; its verdict is still computed and asserted). Each
+exercise cell gets its reference solution and its checker cell must print ``correct``.
+The lessons assert their own claims, so a wrong number fails here. Cheap checks of their
+shape (what you will learn, time, exercises, a GPU note, no number or verdict stated in
+prose) run first.
 """
 from __future__ import annotations
 
@@ -16,9 +20,16 @@ import pytest
 
 from helpers import REPO, run_script
 
-LESSONS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.py"))
+from kosmoss.lessons import LESSON_GLOB, QUICK_ENV
+
+LESSONS = sorted(p.name for p in (REPO / "notebooks").glob(LESSON_GLOB))
 CELL_TIMEOUT_S = 600  # lesson 8's cell runs `kosmoss bench --quick` (about 3 minutes here)
 TIMINGS_FILE = "lesson-timings.json"
+TIME_LINE = r"Time: ~(\d+) min; the cells run in ~(\d+) min on 2 CPU cores"
+EXERCISE_LINE = re.compile(r"\A# exercise: (\S+)")
+# A verdict stated in prose instead of computed: the lessons print these from variables.
+VERDICT = re.compile(r"(?i)\b(wins|won|beats|outperforms?|(is|are|was|were) (clearly )?"
+                     r"(better|worse|faster|slower) than)\b")
 
 
 def _read(path):
@@ -38,7 +49,8 @@ def stated_numbers(markdown: str) -> list:
     text = re.sub(r"`[^`]*`", " ", text)
     text = re.sub(r"(?m)^\s*\d+\.\s", " ", text)  # a numbered list's markers
     text = re.sub(r"<[^>]*>|\]\([^)]*\)", " ", text)
-    text = re.sub(r"(?i)lessons? \d+(( and|,|–| to) \d+)*|Time: ~\d+ min", " ", text)
+    text = re.sub(r"(?i)lessons? \d+b?(( and|,|–| to) \d+b?)*|" + TIME_LINE, " ", text)
+    text = re.sub(r"\bissues? \d+", " ", text)  # an issue's number names it
     text = re.sub(r"[A-Z][a-z]+( et al\.)?, (19|20)\d\d\b", " ", text)  # a citation's year
     text = re.sub(r"\b(rank|node)s?\s+\d+( and \d+)?", " ", text)  # names of ranks and nodes
     text = re.sub(r"\b(Lightning|PyTorch|torch|Python|Horovod|CUDA|NCCL)\s+\d([\d.]*\d)?",
@@ -46,33 +58,75 @@ def stated_numbers(markdown: str) -> list:
     return re.findall(r"(?<![\w.\-+/^])\d[\d.,]*(?![\w])", text)
 
 
-def test_there_are_eight_lessons():
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(1, 9)], LESSONS
+def lesson_id(name: str) -> str:
+    """"03b_ddp_metrics.py" -> "3b": the number in the lesson's title."""
+    return name.split("_")[0].lstrip("0")
+
+
+def test_the_course_is_eight_lessons_and_the_metrics_lab_after_lesson_3():
+    assert [lesson_id(name) for name in LESSONS] == ["1", "2", "3", "3b", "4", "5", "6", "7",
+                                                     "8"], LESSONS
 
 
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_shape(name):
-    cells = _markdown(_read(REPO / "notebooks" / name))
-    opening, closing = cells[0], "\n".join(cells[-3:])
-    assert opening.startswith(f"# Lesson {int(name[:2])} ")
-    assert "What you will learn" in opening and re.search(r"Time: ~\d+ min", opening)
-    assert "## Exercises" in closing and "<details><summary>Solution</summary>" in closing
+    notebook = _read(REPO / "notebooks" / name)
+    cells = _markdown(notebook)
+    opening = cells[0]
+    assert opening.startswith(f"# Lesson {lesson_id(name)} ")
+    assert "What you will learn" in opening and re.search(TIME_LINE, opening), \
+        "say how long the lesson takes, and how long its cells run"
+    start = next(i for i, cell in enumerate(cells) if cell.startswith("## Exercises"))
+    exercises = "\n".join(cells[start:])
+    assert "<details><summary>Solution</summary>" in exercises
     assert any("With a GPU" in cell for cell in cells), "say what changes with a GPU"
-    numbers = {cell[:60]: stated_numbers(cell) for cell in cells if stated_numbers(cell)}
+    # Exercise statements (a bold first line) define tasks: their numbers are the task's.
+    prose = [cell for cell in cells if not cell.startswith("**")]
+    numbers = {cell[:60]: stated_numbers(cell) for cell in prose if stated_numbers(cell)}
     assert not numbers, f"numbers in prose must be printed by code instead: {numbers}"
+    verdicts = {cell[:60]: VERDICT.findall(_prose_only(cell)) for cell in prose
+                if VERDICT.search(_prose_only(cell))}
+    assert not verdicts, f"verdicts in prose must be computed and printed instead: {verdicts}"
     solutions = re.findall(r"<details><summary>Solution</summary>\s*```python\n(.*?)```",
-                           closing, flags=re.S)
+                           exercises, flags=re.S)
     assert solutions, "the solution is Python in a <details> block"
     for code in solutions:
         compile(code, f"{name} solution", "exec")  # no SyntaxError for a learner to find
+    checked = _checked_exercises(notebook)
+    assert checked, "the lesson ends with exercises that check themselves"
+    for exercise_id, checker in checked:
+        assert checker == f'from kosmoss.exercises import check; check("{exercise_id}", globals())'
+
+
+def _prose_only(markdown: str) -> str:
+    return re.sub(r"```.*?```|`[^`]*`", " ", markdown, flags=re.S)
+
+
+def _checked_exercises(notebook) -> list:
+    """(exercise id, the checker cell after it) for every exercise cell."""
+    cells = notebook.cells
+    found = []
+    for index, cell in enumerate(cells):
+        match = EXERCISE_LINE.match(cell.source) if cell.cell_type == "code" else None
+        if match:
+            found.append((match.group(1), cells[index + 1].source.strip()))
+    return found
+
+
+def test_verdict_words_are_found_in_prose_only():
+    assert VERDICT.search("so the linear rule wins at k = 16")
+    assert VERDICT.search("Adam is clearly better than SGD")
+    assert not VERDICT.search("which rule is best? The cell below prints it")
 
 
 def test_stated_numbers_finds_prose_numbers_only():
     assert stated_numbers("a loss of 0.013 after 20 steps") == ["0.013", "20"]
     assert stated_numbers("`--max-steps 20`, float32, W m-2, SIGUSR1, 3dcorrection") == []
-    assert stated_numbers("# Lesson 3 — DDP\nTime: ~25 min\n```\nx = 4\n```") == []
+    assert stated_numbers("# Lesson 3 — DDP\nTime: ~25 min; the cells run in ~1 min on 2 CPU cores\n```\nx = 4\n```") == []
     assert stated_numbers("(Goyal et al., 2017), 2048 columns") == ["2048"]
     assert stated_numbers("rank 0 of Lightning 2 (lesson 3); Horovod 0.28.1 took 12 s") == ["12"]
+    assert stated_numbers("Time: ~30 min; the cells run in ~2 min on 2 CPU cores") == []
+    assert stated_numbers("(pytorch issue 25162), lesson 3b, 201 columns") == ["201"]
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +162,9 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, monkeypatch):
     folder, home = lesson_folder
     monkeypatch.setenv("KOSMOSS_HOME", str(home))
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
-    notebook = _read(folder / name)
+    monkeypatch.setenv(QUICK_ENV, "1")
+    notebook = nbformat.read(folder / name.replace(".py", ".ipynb"), as_version=4)
+    answered = _answer_exercises(notebook)
     client = NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(folder)}})
     started = time.monotonic()
@@ -118,13 +174,38 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, monkeypatch):
         nbformat.write(notebook, folder / f"executed-{name[:-3]}.ipynb")
         left_behind = _end_ghosts()
     assert not left_behind, f"the lesson left processes of its runs running: {left_behind}"
-    _record_time(folder, name, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    _record_time(folder, name, seconds)
+    stated_min = int(re.search(TIME_LINE, notebook.cells[0].source).group(2))
+    # The statement is for a learner's full run; CI's quick run must stay well inside it.
+    assert seconds <= 2 * 60 * stated_min, \
+        f"{name} ran {seconds:.0f} s: more than twice the ~{stated_min} min it states"
+    printed = {cell.source: _text(cell) for cell in notebook.cells if cell.cell_type == "code"}
+    for exercise_id, checker in answered:
+        assert printed[checker].startswith(f"correct: {exercise_id}"), printed[checker]
     errors = [out for cell in notebook.cells for out in cell.get("outputs", [])
               if out.get("output_type") == "error"]
     assert not errors
     unrun = [cell.source[:60] for cell in notebook.cells
              if cell.cell_type == "code" and cell.source.strip() and cell.execution_count is None]
     assert not unrun, f"cells that did not run: {unrun}"
+
+
+def _answer_exercises(notebook) -> list:
+    """Put each exercise's reference solution in its cell; (id, checker cell source)."""
+    from kosmoss.exercises.core import find
+
+    answered = _checked_exercises(notebook)
+    for cell in notebook.cells:
+        match = EXERCISE_LINE.match(cell.source) if cell.cell_type == "code" else None
+        if match:
+            cell.source = f"# exercise: {match.group(1)}\n{find(match.group(1)).reference}"
+    return answered
+
+
+def _text(cell) -> str:
+    return "".join(out.get("text", "") for out in cell.get("outputs", [])
+                   if out.get("output_type") == "stream")
 
 
 def _end_ghosts() -> list:
