@@ -8,15 +8,19 @@
     torchrun --standalone --nproc_per_node 2 trainup_cpu.py    # torchrun starts the 2 ranks
     srun --ntasks-per-node 2 python trainup_cpu.py             # so does Slurm
     horovodrun -np 2 --gloo python trainup_cpu.py --strategy horovod  # Horovod (docs/horovod.md)
+    python trainup_cpu.py --resume <run-id>                 # continue a stopped run, its settings
 
 --batch-size is the global batch: each of the N processes gets batch-size / N.
 Results go to $KOSMOSS_HOME/runs/<run-id>/ (result.json, TensorBoard, CSV, checkpoints).
+Exit codes: 0 done (or stopped by SIGTERM/SIGUSR1 with a checkpoint), 1 failed, 2 bad input,
+128 + signal when stopped before a checkpoint (130 Ctrl-C, 143 SIGTERM): docs/reliability.md.
 """
 import sys
 
 from kosmoss.cli_support import OneLineParser, run_command
 from kosmoss.devices import MachineGpu
-from kosmoss.run.flags import add_run_flags, config_from_args, flag_names
+from kosmoss.launch import die_with_spawner
+from kosmoss.run.flags import add_run_flags, checked_config, flag_names
 
 
 def main(argv=None) -> int:
@@ -25,11 +29,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def train() -> None:
-        from kosmoss.run import run  # Lightning is slow to import: after the flags parse
-
+        die_with_spawner()  # a local rank Lightning started ends with the rank that started it
         # The CPU launcher: the machine offers no GPU (unless KOSMOSS_MACHINE_GPU says so)
-        # and the run asks for none.
-        run(config_from_args(args, machine=MachineGpu.from_environment("none"), use_gpu=False))
+        # and the run asks for none. Bad values are found before Lightning is imported.
+        config = checked_config(args, machine=MachineGpu.from_environment("none"), use_gpu=False)
+        from kosmoss.run.pipeline import run_from_command_line  # Lightning: seconds to import
+
+        run_from_command_line(parser.prog, config)
 
     return run_command(parser.prog, train, flag_names())
 

@@ -8,6 +8,7 @@
     torchrun --standalone --nproc_per_node 2 trainup_gpu.py     # torchrun starts the ranks
     horovodrun -np 2 python trainup_gpu.py --strategy horovod   # Horovod (docs/horovod.md)
     sbatch slurm/submit.sbatch --dataset small                  # srun trainup_gpu.py, per task
+    python trainup_gpu.py --resume <run-id>                     # continue a stopped run
 
 What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices);
 --gpus is processes per node; more ranks than GPUs share them over gloo with 1/n of the
@@ -17,7 +18,8 @@ import sys
 
 from kosmoss.cli_support import OneLineParser, run_command
 from kosmoss.devices import MachineGpu
-from kosmoss.run.flags import add_gpu_flags, add_run_flags, config_from_args, flag_names
+from kosmoss.launch import die_with_spawner
+from kosmoss.run.flags import add_gpu_flags, add_run_flags, checked_config, flag_names
 
 
 def main(argv=None) -> int:
@@ -27,11 +29,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def train() -> None:
-        from kosmoss.run import run  # Lightning is slow to import: after the flags parse
-
+        die_with_spawner()  # a local rank Lightning started ends with the rank that started it
         # The GPU launcher: the machine offers a GPU (KOSMOSS_MACHINE_GPU may force one or
         # none, KOSMOSS_GPU_INDEX pick one) and the run asks for one.
-        run(config_from_args(args, machine=MachineGpu.from_environment("offer"), use_gpu=True))
+        config = checked_config(args, machine=MachineGpu.from_environment("offer"), use_gpu=True)
+        from kosmoss.run.pipeline import run_from_command_line  # Lightning: seconds to import
+
+        run_from_command_line(parser.prog, config)
 
     return run_command(parser.prog, train, flag_names("--gpus"))
 

@@ -11,16 +11,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from .errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 MACHINE_ENV, INDEX_ENV = "KOSMOSS_MACHINE_GPU", "KOSMOSS_GPU_INDEX"
 
 MACHINE_SETTINGS = ("none", "offer", "force")
+
+
+def __getattr__(name: str):
+    # torch is imported when first used: a launcher's usage error must not wait seconds for it.
+    if name == "torch":
+        import torch
+
+        return torch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class DevicePolicy:
 
     @property
     def device(self) -> torch.device:
+        import torch
+
         return torch.device("cuda", self.index or 0) if self.gpu else torch.device("cpu")
 
     @property
@@ -89,6 +101,8 @@ class DevicePolicy:
 
     def load(self, path: Path) -> Any:
         """A checkpoint saved anywhere (a GPU run, another node), mapped to this device."""
+        import torch
+
         return torch.load(path, map_location=self.device, weights_only=False)
 
 
@@ -96,7 +110,7 @@ def decide(machine: MachineGpu, use_gpu: bool, *, require: bool = False,
            gpu_count: Optional[int] = None,
            gpu_ids: Optional[Sequence[int]] = None) -> DevicePolicy:
     """The decision table of docs/devices.md. ``gpu_count`` defaults to what torch sees."""
-    count = torch.cuda.device_count() if gpu_count is None else gpu_count
+    count = _visible_gpus() if gpu_count is None else gpu_count
     wants = machine.setting == "force" or (machine.setting == "offer" and use_gpu)
     warnings = []
     if use_gpu and machine.setting == "none":
@@ -120,6 +134,12 @@ def decide(machine: MachineGpu, use_gpu: bool, *, require: bool = False,
     if gpu_ids:
         index = gpu_ids[0]
     return DevicePolicy(True, index, tuple(warnings), tuple(gpu_ids) if gpu_ids else None, count)
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def gpu_for_local_rank(local_rank: int, gpu_ids: Sequence[int]) -> int:
@@ -155,11 +175,16 @@ def sharing(ranks_on_host: int, gpus_on_host: int) -> Sharing:
 def apply_sharing(share: Sharing, device: torch.device) -> None:
     """In each rank, once its CUDA device is known: cap it at its share of the GPU."""
     if device.type == "cuda" and share.memory_fraction < 1.0:
+        import torch
+
         torch.cuda.set_per_process_memory_fraction(share.memory_fraction, device)
 
 
 def to_numpy(value: Any) -> np.ndarray:
     """Any tensor, on any device and in any dtype (bf16 included), as a numpy array."""
+    import numpy as np
+    import torch
+
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         if value.dtype in (torch.bfloat16, torch.float16):

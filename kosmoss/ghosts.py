@@ -78,15 +78,16 @@ class Ghost:
 class KillReport:
     ended: List[int]
     survived: List[int]
-    gpu_memory_freed_bytes: int
+    gpu_memory_freed_bytes: Optional[int]  # None: no GPU on this machine, nothing to free
     ports_freed: List[int]
 
     def summary(self) -> str:
         if not self.ended and not self.survived:
             return "no ghost to end"
         ports = ", ".join(map(str, self.ports_freed))
-        line = (f"ended {len(self.ended)} process(es){_pids(self.ended)}, freed "
-                f"{human_bytes(self.gpu_memory_freed_bytes)} of GPU memory and "
+        gpu = ("" if self.gpu_memory_freed_bytes is None
+               else f"{human_bytes(self.gpu_memory_freed_bytes)} of GPU memory and ")
+        line = (f"ended {len(self.ended)} process(es){_pids(self.ended)}, freed {gpu}"
                 f"{'port(s) ' + ports if ports else 'no port'}")
         if self.survived:
             line += f"; still alive after SIGKILL: {', '.join(map(str, self.survived))}"
@@ -168,7 +169,10 @@ def end_ghosts(ghosts: Iterable[Ghost], grace: float = DEFAULT_GRACE_S) -> KillR
     ended = sorted(pid for pid in procs if pid not in alive)
     for ghost in targets:
         ghost.ended = ghost.pid not in alive
-    return KillReport(ended, sorted(alive), _gpu_freed(gpu_before, ended),
+    from .environment import gpus
+
+    freed = _gpu_freed(gpu_before, ended) if gpus() else None  # no GPU: say nothing of one
+    return KillReport(ended, sorted(alive), freed,
                       [port for port in listening if port_is_free(port)])
 
 
@@ -184,6 +188,7 @@ def _load_runs(root: Path, home: Optional[Path] = None) -> Dict[str, _Run]:
         if not folder.is_dir():
             continue
         processes = [p for p in records.read_processes(folder) if p.get("host") == host]
+        records.settle_if_gone(folder)  # a killed launcher's run is recorded killed
         record = records.read_run(folder)
         if processes or record:
             runs[folder.name] = _Run(folder.name, record or {}, processes, home)

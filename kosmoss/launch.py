@@ -6,12 +6,18 @@
   once with ``num_nodes=2`` waits forever for node 1;
 - torchrun, srun or horovodrun already started us: never spawn again.
 
+Nothing kosmoss starts outlives its starter (docs/reliability.md): simulated nodes and the
+local ranks Lightning starts for kosmoss get the parent-death signal (Linux's
+``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a launcher killed with ``kill -9`` takes its
+ranks with it; an external launcher's ranks are left to that launcher.
+
 Who is who comes from Lightning's ClusterEnvironments (TorchElasticEnvironment,
 SLURMEnvironment, LightningEnvironment) and kosmoss's HorovodEnvironment; kosmoss adds only
 what they lack: the number of nodes, and the simulated nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,16 +26,23 @@ import sys
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import psutil
 
 from .cpus import cores_per_process
 from .environment import detect_launcher
-from .errors import ConfigError, UsageError
+from .errors import ConfigError, RunFailed, UsageError
+from .records import Stopped
 
 SIMULATED_NODE_ENV = "KOSMOSS_SIMULATED_NODES"  # set in node processes: never spawn again
+# Set while a kosmoss process lets Lightning start its other local ranks: their parent's pid.
+SPAWNER_ENV = "KOSMOSS_SPAWNER_PID"
 STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# What an external launcher sets in each rank (checked without importing Lightning).
+EXTERNAL_RANK_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "HOROVOD_RANK",
+                           "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 class Launcher(str, Enum):
@@ -107,6 +120,8 @@ def resolve(num_processes: Optional[int], num_nodes: Optional[int], engine) -> T
 
 
 def _from_cluster(launcher: Launcher, num_processes, num_nodes) -> Topology:
+    if launcher is Launcher.SLURM:
+        _check_slurm_tasks()  # before Lightning's SLURMEnvironment refuses with a traceback
     environment = cluster_environment(launcher)
     world = environment.world_size()
     nodes, local = _counts(launcher, world)
@@ -151,11 +166,15 @@ def _counts(launcher: Launcher, world: int):
         return world // local, local
     if launcher is Launcher.HOROVODRUN:
         return int(os.environ["HOROVOD_CROSS_SIZE"]), int(os.environ["HOROVOD_LOCAL_SIZE"])
-    if world > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:  # Lightning would refuse it
-        raise UsageError(f"srun --ntasks {world}: ask for --ntasks-per-node instead (Lightning's "
-                         "SLURMEnvironment needs the same number of tasks on every node)")
     nodes = int(os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES") or 1)
     return nodes, world // nodes
+
+
+def _check_slurm_tasks() -> None:
+    tasks = int(os.environ.get("SLURM_NTASKS") or 1)
+    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:  # Lightning would refuse it
+        raise UsageError(f"srun --ntasks {tasks}: ask for --ntasks-per-node instead (Lightning's "
+                         "SLURMEnvironment needs the same number of tasks on every node)")
 
 
 def _lightning_environment():
@@ -220,10 +239,105 @@ def port_holders(port: int) -> List[Optional[int]]:
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN]
 
 
+# ---- nothing outlives its launcher
+
+
+def _prctl():
+    """libc's prctl, or None off Linux (no parent-death signal there: ranks then end when
+    their collectives fail)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """``preexec_fn`` for a child of ``parent_pid``: SIGKILL when the parent dies; already
+    dead (it died between fork and prctl): die now."""
+    prctl = _prctl()  # looked up before the fork: the child only calls it
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
+@contextlib.contextmanager
+def local_ranks_die_with_me(topology: Topology) -> Iterator[None]:
+    """While this process lets Lightning start its other local ranks, tell them who their
+    parent is (:func:`die_with_spawner` in each). Lightning's launcher takes no
+    ``preexec_fn``, so the ranks set the parent-death signal themselves."""
+    spawns = (not topology.launcher.external and topology.devices_per_node > 1
+              and "LOCAL_RANK" not in os.environ)
+    previous = os.environ.get(SPAWNER_ENV)
+    if spawns:
+        os.environ[SPAWNER_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if spawns and previous is None:
+            os.environ.pop(SPAWNER_ENV, None)
+        elif spawns:
+            os.environ[SPAWNER_ENV] = previous
+
+
+def die_with_spawner() -> None:
+    """In a local rank Lightning started for kosmoss: be SIGKILLed when the rank that started
+    us dies, and leave at once if it is already gone. Called first thing by the launchers
+    (torch takes seconds to import). Ranks of torchrun, srun, horovodrun and mpirun are left
+    alone: their launchers decide what outlives them (docs/reliability.md)."""
+    spawner = os.environ.get(SPAWNER_ENV)
+    if not spawner or not spawner.isdigit() or "LOCAL_RANK" not in os.environ:
+        return
+    prctl = _prctl()
+    if prctl is None or any(name in os.environ for name in EXTERNAL_RANK_VARIABLES):
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(spawner):  # it died before the signal was armed
+        raise RunFailed(f"rank {os.environ['LOCAL_RANK']}: the process that started it (pid "
+                        f"{spawner}) has ended; nothing to train for")
+
+
+def started_by_kosmoss() -> bool:
+    """This process is a simulated node or a local rank Lightning started for kosmoss: the
+    process that started it speaks for the run (one line, not one per rank)."""
+    return SIMULATED_NODE_ENV in os.environ or (
+        SPAWNER_ENV in os.environ and "LOCAL_RANK" in os.environ)
+
+
+# ---- simulated nodes
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """The first node process of a simulated run that ended badly."""
+    node_rank: int
+    pid: int
+    code: int
+
+    def __str__(self) -> str:
+        if self.code < 0:
+            how = f"was killed by {_signal_name(-self.code)}"
+        else:
+            how = f"exited with code {self.code}"
+        return f"node {self.node_rank} (pid {self.pid}) {how}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
-                   echo: Callable[[str], None]) -> int:
-    """Run this same command once per node, as if on K hosts; returns the exit code.
-    If one node process fails, the others are ended too: nothing is left running."""
+                   echo: Callable[[str], None]) -> Optional[NodeFailure]:
+    """Run this same command once per node, as if on K hosts; returns the first node that
+    failed, or None. If one node process fails, the others are ended too; if this process
+    dies, the nodes get SIGKILL (the parent-death signal): nothing is left running."""
     port = int(os.environ.get("MASTER_PORT") or free_port())
     echo(f"simulating {topology.num_nodes} nodes on this host: node processes with NODE_RANK "
          f"0..{topology.num_nodes - 1}, MASTER_ADDR 127.0.0.1, MASTER_PORT {port}, "
@@ -233,17 +347,26 @@ def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
     # Lightning sizes torch threads by the ranks *it* starts (1 per node here): all the
     # nodes share this host's cores, so each rank gets its share (as torchrun does).
     base.setdefault("OMP_NUM_THREADS", str(cores_per_process(topology.world_size)))
+    preexec = _die_with(os.getpid())
     nodes = [subprocess.Popen(_own_command(), env={**base, "NODE_RANK": str(rank)},
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=preexec)
              for rank in range(topology.num_nodes)]
-    previous = {sig: signal.signal(sig, lambda *_: _stop(nodes)) for sig in
-                (signal.SIGINT, signal.SIGTERM)}
+    asked_to_stop: List[int] = []
+
+    def stop(signum, frame) -> None:  # the nodes stop at one step with a checkpoint
+        asked_to_stop.append(signum)
+        _stop(nodes)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _wait(nodes)
+        failure = _wait(nodes)
     finally:
         _stop(nodes)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if failure is not None and asked_to_stop:  # stopped before they could checkpoint
+        raise Stopped(asked_to_stop[0])
+    return failure
 
 
 def _own_command() -> List[str]:
@@ -254,14 +377,15 @@ def _own_command() -> List[str]:
     return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
 
 
-def _wait(nodes: List[subprocess.Popen]) -> int:
+def _wait(nodes: List[subprocess.Popen]) -> Optional[NodeFailure]:
     while True:
         codes = [node.poll() for node in nodes]
-        failed = [code for code in codes if code not in (None, 0)]
-        if failed:
-            return failed[0] if failed[0] > 0 else 1
+        failed = [NodeFailure(rank, node.pid, code) for rank, (node, code)
+                  in enumerate(zip(nodes, codes)) if code not in (None, 0)]
+        if failed:  # a node killed by a signal is the cause; the others fail because of it
+            return min(failed, key=lambda failure: failure.code >= 0)
         if all(code == 0 for code in codes):
-            return 0
+            return None
         time.sleep(0.2)
 
 

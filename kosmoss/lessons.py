@@ -35,7 +35,8 @@ from .errors import UsageError
 LESSON_GLOB = "[0-9][0-9]*_*.py"  # 01_..., and 03b_... for a lesson placed after lesson 3
 SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
 # Files the lessons point to, copied beside them (a pip install has no repository to look in).
-COMPANIONS = ("docs/devices.md", "docs/horovod.md", "scripts/install_horovod.sh")
+COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
+              "scripts/install_horovod.sh")
 QUICK_ENV = "KOSMOSS_LESSON_QUICK"
 NOTEBOOK_COLUMNS = 120  # what a JupyterLab output area shows without wrapping
 # Warnings a learner cannot act on; every other warning still shows, on one line.

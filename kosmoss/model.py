@@ -110,7 +110,8 @@ class LitMLP(pl.LightningModule):
         if trainer is None:
             return True
         every = trainer.log_every_n_steps  # 0 in Trainer(barebones=True): no logging at all
-        return every > 0 and self.global_step % every == 0
+        # Lightning's loggers write when (steps done + 1) % every == 0: log on those steps.
+        return every > 0 and (self.global_step + 1) % every == 0
 
     def training_step(self, batch, batch_idx):
         return self._common_step(batch, "train")

@@ -14,14 +14,19 @@ later ``os.environ`` change, so a run marks its processes twice:
   is another process), its launcher, its parent and its state.
 
 ``run.json`` in the run directory says who launched the run, its MASTER_PORT when known,
-when it started and its state: running | finished | failed | stopped. Every file is
-written atomically (a temporary file, then ``os.replace``).
+when it started, the run's settings (a resume takes them from here), the attempts before
+this one, and its state: running | finished | failed | stopped | killed. A run ends
+``killed`` when its processes died without saying so (``kill -9``, out of memory): whoever
+finds it so later (``kosmoss ghosts``, a ``--resume``) records it with
+:func:`settle_if_gone`. Every file is written atomically (a temporary file, then
+``os.replace``).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -36,8 +41,8 @@ RUN_ID_ENV = "KOSMOSS_RUN_ID"
 LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"
 RUN_FILE = "run.json"
 PROCESS_DIR = "processes"
-RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
-ENDED = (FINISHED, FAILED, STOPPED)
+RUNNING, FINISHED, FAILED, STOPPED, KILLED = "running", "finished", "failed", "stopped", "killed"
+ENDED = (FINISHED, FAILED, STOPPED, KILLED)
 # Launchers outside kosmoss, as their program shows in a rank's ancestry (horovodrun's
 # ranks sit under a shell): the process whose death orphans the ranks.
 LAUNCHER_PROGRAMS = {
@@ -49,6 +54,25 @@ LAUNCHER_PROGRAMS = {
 EXTERNAL_LAUNCHERS = tuple(LAUNCHER_PROGRAMS)
 # psutil's create time has a 10 ms tick; a pid reused within this is not a real case.
 SAME_PROCESS_S = 0.05
+
+
+class Stopped(BaseException):
+    """The run was stopped by a signal (SIGTERM, SIGINT, SIGUSR1) where it could not save a
+    checkpoint: it is recorded ``stopped`` and the command exits 128 + the signal's number,
+    as a shell reports a process ended by that signal. (A BaseException: ``except
+    Exception`` must not swallow it, and Lightning re-raises it unchanged.)"""
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = int(signum)
+        super().__init__(message or f"stopped by {self.signal_name}")
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 @dataclass(frozen=True)
@@ -133,10 +157,12 @@ def process_record_path(run_dir: Path, pid: int, host: Optional[str] = None) -> 
     return Path(run_dir) / PROCESS_DIR / f"{host or hostname()}-{pid}.json"
 
 
-def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
+def start(run_dir: Path, *, kind: str, global_rank: int = 0,
+          details: Optional[dict] = None) -> Membership:
     """Record this process as part of the run in ``run_dir`` (called once per process, by
-    :func:`recorded`, around a run's training). ``kind`` is the topology's launcher (single, lightning,
-    simulate, simulated-node, torchrun, slurm, ...)."""
+    :func:`recorded`, around a run's training). ``kind`` is the topology's launcher (single,
+    lightning, simulate, simulated-node, torchrun, slurm, ...); ``details`` (the run's
+    settings) go into ``run.json``, where an earlier attempt's state is kept too."""
     global _current
     run_dir = Path(run_dir)
     me = ProcessId.of(os.getpid())
@@ -161,23 +187,26 @@ def start(run_dir: Path, *, kind: str, global_rank: int = 0) -> Membership:
             "run_id": run_dir.name, "host": hostname(), "kind": kind,
             "launcher": launcher.as_dict(), "master_port": _master_port(),
             "started_at": time.time(), "updated_at": time.time(), "ended_at": None,
-            "state": RUNNING, "error": None,
+            "state": RUNNING, "error": None, **(details or {}),
+            "attempts": _earlier_attempts(run_dir),
         })
     _current = membership
     _install_fork_hook()
     return membership
 
 
-def finish(state: str, error: Optional[str] = None) -> None:
+def finish(state: str, error: Optional[str] = None, stop_signal: Optional[str] = None) -> None:
     """This process's part of the run is over: update its record (and ``run.json`` where it
     wrote it), and give the user's own process its environment back, so that what it starts
-    later is not taken for part of this run."""
+    later is not taken for part of this run. ``stop_signal``: the signal that stopped it (its
+    peers stop with the same)."""
     global _current
     membership, _current = _current, None
     if membership is None:
         return
     now = time.time()
-    _update_json(membership.record_path, state=state, ended_at=now)
+    _update_json(membership.record_path, state=state, ended_at=now, error=error,
+                 signal=stop_signal)
     if membership.owns_run_file:
         port = {"master_port": _master_port()} if _master_port() else {}  # known by now
         _update_json(membership.run_dir / RUN_FILE, state=state, ended_at=now, updated_at=now,
@@ -191,15 +220,19 @@ def finish(state: str, error: Optional[str] = None) -> None:
 
 
 @contextlib.contextmanager
-def recorded(run_dir: Path, *, kind: str, global_rank: int = 0) -> Iterator[Membership]:
+def recorded(run_dir: Path, *, kind: str, global_rank: int = 0,
+             details: Optional[dict] = None) -> Iterator[Membership]:
     """This process's part of the run in ``run_dir``, from :func:`start` to :func:`finish`:
     whatever way the block ends, the records say so. Call ``membership.stopped()`` inside
     when the run was stopped by a signal (it ends ``stopped``, not ``finished``)."""
-    membership = start(run_dir, kind=kind, global_rank=global_rank)
+    membership = start(run_dir, kind=kind, global_rank=global_rank, details=details)
     try:
         yield membership
+    except Stopped as stop:
+        finish(STOPPED, str(stop), stop.signal_name)
+        raise
     except KeyboardInterrupt:
-        finish(STOPPED, "KeyboardInterrupt")
+        finish(STOPPED, "KeyboardInterrupt", signal.SIGINT.name)
         raise
     except BaseException as err:
         finish(FAILED, f"{type(err).__name__}: {err}"[:500])
@@ -209,6 +242,36 @@ def recorded(run_dir: Path, *, kind: str, global_rank: int = 0) -> Iterator[Memb
 
 def current() -> Optional[Membership]:
     return _current
+
+
+def settle_if_gone(run_dir: Path) -> Optional[str]:
+    """A run recorded ``running`` on this host whose launcher and processes are all gone was
+    killed without a word (``kill -9``, out of memory): record it ``killed``. Returns the
+    state it was settled to, or None (not running, still alive, or partly on other hosts,
+    whose processes cannot be seen from here)."""
+    run_dir = Path(run_dir)
+    record = read_run(run_dir)
+    if not record or record.get("state") != RUNNING:
+        return None
+    processes = read_processes(run_dir)
+    if record.get("host") != hostname() or any(p.get("host") != hostname() for p in processes):
+        return None
+    members = [ProcessId.from_dict(record.get("launcher"))] + [
+        ProcessId.from_dict(p) for p in processes if p.get("state") == RUNNING]
+    if any(member is not None and member.is_alive() for member in members):
+        return None
+    now = time.time()
+    try:
+        for process in processes:
+            if process.get("state") == RUNNING:
+                _update_json(process_record_path(run_dir, process["pid"]), state=KILLED,
+                             ended_at=now)
+        _update_json(run_dir / RUN_FILE, state=KILLED, ended_at=now, updated_at=now,
+                     error="its processes ended without recording why (kill -9, out of "
+                           "memory, a crash of the machine)")
+    except OSError:  # a home that cannot be written: the record stays as it was
+        return None
+    return KILLED
 
 
 def read_run(run_dir: Path) -> Optional[dict]:
@@ -234,6 +297,15 @@ def _process_record(membership: Membership, parent: Optional[ProcessId]) -> dict
         "node_rank": _int_env("NODE_RANK", "GROUP_RANK"), "master_port": _master_port(),
         "state": RUNNING, "started_at": time.time(), "ended_at": None,
     }
+
+
+def _earlier_attempts(run_dir: Path) -> List[dict]:
+    """A resumed run keeps what its earlier attempts were: when, and how they ended."""
+    earlier = read_run(run_dir)
+    if not earlier:
+        return []
+    last = {key: earlier.get(key) for key in ("started_at", "ended_at", "state", "error")}
+    return list(earlier.get("attempts") or []) + [last]
 
 
 def _external_launcher(kind: str) -> ProcessId:

@@ -5,31 +5,45 @@ The first step (warm-up) is not counted, nor any pause (validation); on a GPU th
 waits for the queued steps where an interval starts and ends (CUDA runs behind Python).
 Lightning's ThroughputMonitor logs windowed per-step values to the loggers; a run summary
 and the bench need one number and the same rule on both sides, so it is kept here.
+
+The clock also counts this process's minor page faults over the same timed steps: a step
+that hands its buffers back to the system and faults them in again costs as much as the
+arithmetic here (issue 19), and the count shows it where timings on a shared machine don't.
 """
 from __future__ import annotations
 
+import resource
 import time
 from typing import Optional
 
 import torch
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (every thread)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class StepClock:
     def __init__(self) -> None:
-        self.samples, self.elapsed = 0, 0.0
+        self.samples, self.steps, self.elapsed, self.faults = 0, 0, 0.0, 0
         self.first_step_unix: Optional[float] = None
         self._last: Optional[float] = None
+        self._last_faults = 0
 
     def step_done(self, samples: int, device: torch.device) -> bool:
         """Count a finished step; True for the first one (the warm-up)."""
         now = synced_clock(device) if self._last is None else time.perf_counter()
+        faults = minor_faults()
         first = self.first_step_unix is None
         if first:
             self.first_step_unix = time.time()
         elif self._last is not None:
             self.elapsed += now - self._last
             self.samples += samples
-        self._last = now
+            self.steps += 1
+            self.faults += faults - self._last_faults
+        self._last, self._last_faults = now, faults
         return first
 
     def pause(self, device: torch.device) -> None:
@@ -40,6 +54,11 @@ class StepClock:
     @property
     def samples_per_s(self) -> Optional[float]:
         return self.samples / self.elapsed if self.elapsed > 0 else None
+
+    @property
+    def faults_per_step(self) -> Optional[float]:
+        """Minor page faults per timed step (the steps the samples/s counts)."""
+        return self.faults / self.steps if self.steps else None
 
 
 def synced_clock(device: torch.device) -> float:

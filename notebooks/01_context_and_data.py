@@ -23,7 +23,7 @@
 # - what the profiles and the fluxes look like;
 # - why the model normalises its inputs and targets, and where that happens.
 #
-# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~1 min on 2 CPU cores
 
 # %% [markdown]
 # ## The use case

@@ -22,7 +22,7 @@
 # - how to train on one CPU process, then test the trained model on data it never saw;
 # - that a checkpoint alone predicts in W m-2, and what `trainup_cpu.py` adds on top.
 #
-# Time: ~25 min; the cells run in ~2 min on 2 CPU cores
+# Time: ~20 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
 import csv

@@ -24,7 +24,7 @@
 # - how to run two CPU processes from a notebook (Lightning's notebook launcher) and from
 #   a terminal with `trainup_cpu.py`, and check that the ranks end with identical weights.
 #
-# Time: ~30 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~25 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import json

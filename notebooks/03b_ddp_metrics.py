@@ -26,7 +26,7 @@
 # - the fix: reduce **sums and counts**, never means — with torchmetrics, or by hand with
 #   one `all_reduce`.
 #
-# Time: ~25 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import inspect
@@ -169,8 +169,8 @@ assert len(seen) - N_VAL == len(duplicates) > 0
 # count twice. The size of the effect is set by the duplicates' share of the split and
 # how far their loss is from the mean: small here, large for a small split on many ranks
 # (up to one column less than the number of ranks is repeated). PyTorch documents this,
-# and the issue asking for an exact evaluation sampler (pytorch issue 25162) has been
-# open since 2019. Both synced numbers above are exactly this padded mean:
+# and the issue asking for an exact evaluation sampler (pytorch issue 25162) was still
+# open when this lesson was written. Both synced numbers above are exactly this padded mean:
 
 # %%
 padded_mean = (losses.sum() + losses[duplicates].sum()).item() / len(seen)

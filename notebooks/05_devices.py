@@ -23,7 +23,7 @@
 # - how two ranks share one GPU: gloo instead of NCCL, and a share of the memory each;
 # - how to ask a machine what it has: `kosmoss env`.
 #
-# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import json
@@ -51,7 +51,7 @@ print(f"this machine: torch {torch.__version__}, CUDA available: {torch.cuda.is_
 # Two sides have a say, and `kosmoss.devices.decide` is the one place that combines
 # them. The **machine** (`MachineGpu`) allows no GPU (`none`), offers one if the run asks
 # (`offer`) or forces one whatever the run asks (`force`), and may pick one by index.
-# The **run** asks for a GPU or not. The machine's setting wins. If what was wanted is
+# The **run** asks for a GPU or not. The machine's setting takes precedence. If what was wanted is
 # not there, the run falls back to CPU with a warning — or, with `require=True`
 # (`--require-gpu`), stops with a one-line error instead.
 #
@@ -103,7 +103,7 @@ print(f"checkpoint restored on {restored.device}; as numpy: {to_numpy(restored).
 # means depends on `CUDA_DEVICE_ORDER`: by default (`FASTEST_FIRST`) the runtime puts the
 # fastest GPU first, while the driver's tools (NVML, which `nvidia-smi`, nvitop and
 # `kosmoss env` read) number GPUs by PCI bus. On a machine with two different GPUs,
-# `cuda:0` may then not be `nvidia-smi`'s GPU 0; `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes
+# `cuda:0` may then not be `nvidia-smi`'s first GPU; `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes
 # both agree. The driver still sees every GPU whatever these say. Each line below is a
 # fresh Python process, since both variables are read when CUDA starts:
 
@@ -129,7 +129,7 @@ if not torch.cuda.is_available():
 # job's GPU perhaps. `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process
 # altogether, and its ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
 # `--gpu-ids` count *after* the renumbering, so `CUDA_VISIBLE_DEVICES=2,3` with
-# `--gpu-ids 1` is physical GPU 3 (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
+# `--gpu-ids 1` is physical GPU `3` (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
 # as Slurm set `CUDA_VISIBLE_DEVICES` for you: there, use the ids from zero.
 #
 # ## Two ranks on one GPU

@@ -23,7 +23,7 @@
 #   `kosmoss.release_memory()`;
 # - nvitop, to see who holds a GPU.
 #
-# Time: ~20 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~1 min on 2 CPU cores
 
 # %% [markdown]
 # ## Why ghosts happen

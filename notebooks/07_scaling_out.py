@@ -23,7 +23,7 @@
 # - Slurm: the batch script, the signal before the time limit, requeue and resume;
 # - Horovod: `horovodrun`, and how it differs from DDP.
 #
-# Time: ~35 min; the cells run in ~2 min on 2 CPU cores
+# Time: ~25 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
 import importlib.util
@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kosmoss import paths
 from kosmoss.launch import free_port
 from kosmoss.lessons import quiet_lightning, script, sh
 
@@ -178,24 +179,42 @@ print(script("slurm/submit.sbatch").read_text())
 # started, then resume.
 
 # %%
+def training(since):
+    """True once rank 0 of a run started after `since` has taken a few steps: it writes
+    <run dir>/heartbeats/rank-0.json (what `kosmoss watch` reads) once a second."""
+    for beat in paths.runs_root().glob("*/heartbeats/rank-0.json"):
+        try:
+            if beat.stat().st_mtime >= since and json.loads(beat.read_text())["step"] >= 5:
+                return True
+        except (OSError, ValueError, KeyError):
+            pass  # being written
+    return False
+
+
 command = [sys.executable, str(script("trainup_cpu.py")), "--num-processes", "2",
            "--dataset", "tiny", "--batch-size", "64", "--max-epochs", "100000",
+           "--max-steps", "5000",  # a limit, in case the signal never comes
            "--no-progress", "--result-json", str(scratch / "stopped.json")]
 print("$ " + " ".join(["python"] + command[1:]))
-run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=clean_env())
-for line in run.stdout:  # wait until both ranks have joined, then let them train a little
-    print(line, end="")
-    if "Starting with 2 processes" in line:
-        time.sleep(3)
-        print(f"--- sending SIGUSR1 to pid {run.pid}")
-        run.send_signal(signal.SIGUSR1)
-        break
-print(run.communicate(timeout=180)[0])
+log_path = scratch / "stopped.log"
+with open(log_path, "w") as log:
+    launched = time.time()
+    run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+    deadline = time.monotonic() + 240
+    while not training(since=launched):  # the signal handlers are set once training starts
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not start: {log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    print(f"--- sending SIGUSR1 to pid {run.pid}")
+    run.send_signal(signal.SIGUSR1)
+    run.wait(timeout=180)
+print(log_path.read_text())
 stopped = trained(scratch / "stopped.json")
 print(f"exit code {run.returncode}; stopped by {stopped['stopped_by']} at step "
       f"{stopped['global_step']}; checkpoint: "
       f"{(Path(stopped['run_dir']) / 'checkpoints' / 'preempted.ckpt').is_file()}")
+assert run.returncode == 0 and stopped["stopped_by"] == "SIGUSR1"
+assert (Path(stopped["run_dir"]) / "checkpoints" / "preempted.ckpt").is_file()
 
 # %%
 target = stopped["global_step"] + 20
@@ -206,6 +225,8 @@ resumed = trained(scratch / "resumed.json")
 print(f"resumed from step {resumed['resumed_from_step']} in the same folder "
       f"({resumed['run_dir'] == stopped['run_dir']}), finished at step {resumed['global_step']}, "
       f"test loss {resumed['test_loss']:.4f}")
+assert resumed["resumed_from_step"] == stopped["global_step"] and resumed["global_step"] == target
+assert resumed["run_dir"] == stopped["run_dir"]
 
 # %% [markdown]
 # Now the real Slurm, if this machine has one that answers (`sinfo`). Without one, the

@@ -21,7 +21,7 @@
 #   a target loss, memory) and its plot;
 # - what limits each set-up on this machine, worked out from the numbers it measured.
 #
-# Time: ~25 min; the cells run in ~3 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~3 min on 2 CPU cores
 
 # %%
 import json

@@ -24,6 +24,17 @@ class StopAt(pl.Callback):
             trainer.should_stop = True
 
 
+class FirstStep(pl.Callback):
+    """The global step at which this fit trained its first batch."""
+
+    def __init__(self):
+        self.step = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.step is None:
+            self.step = trainer.global_step
+
+
 def _fit(dataset, steps, callbacks=(), ckpt_path=None):
     pl.seed_everything(7, verbose=False)
     model = LitMLP(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics())
@@ -46,7 +57,10 @@ def test_resumed_mid_epoch_matches_an_uninterrupted_run(random_dataset, tmp_path
     stopped, _ = _fit(random_dataset, TOTAL_STEPS, [StopAt(stop_at, checkpoint)])
     assert stopped.global_step == stop_at
     # Raises on Lightning's "your dataloader is not resumable" warning.
-    resumed, model = _fit(random_dataset, TOTAL_STEPS, ckpt_path=checkpoint)
-    assert resumed.global_step == TOTAL_STEPS
+    first = FirstStep()
+    resumed, model = _fit(random_dataset, TOTAL_STEPS, [first], ckpt_path=checkpoint)
+    # Only the remaining steps: a fit that started over (same seed) would end with the same
+    # weights too, but its first step would be 0.
+    assert (first.step, resumed.global_step) == (stop_at, TOTAL_STEPS)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)

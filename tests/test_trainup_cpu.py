@@ -1,16 +1,14 @@
 """trainup_cpu.py as a user runs it: real processes, real gloo DDP, real exit codes."""
+import csv
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, run_script
+from helpers import run_script
+from reliability.fault_helpers import end_all, start, stderr_of, trained, wait_for
 from kosmoss.run.config import RunConfig, validate
 
 CONTRACT = {"world_size", "num_nodes", "devices_per_node", "accelerator", "strategy", "backend",
@@ -100,6 +98,8 @@ def _half_written(shared_home, tmp_path):
     (["--batch-size", "100000", "--dataset", "tiny"], "--batch-size 100000"),
     ([_half_written], "metadata.json"),
     ([_corrupted_copy], "checksum does not match"),
+    (["--hidden", "100000000", "--dataset", "tiny"],
+     "--hidden 100000000: 468,100,000,552 parameters need about"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, names, shared_home, tmp_path):
     args = [a for arg in args
@@ -119,48 +119,80 @@ def test_more_processes_than_cores_is_a_warning(monkeypatch):
     assert validate(RunConfig(num_processes=2)) == ()
 
 
-def _start_and_signal(home, sig, args, wait_s=12):
-    """Start trainup_cpu.py, let it train, send ``sig`` to the launching process."""
-    env = {**os.environ, "KOSMOSS_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "trainup_cpu.py", "--dataset", "tiny",
-                             "--no-progress", "--batch-size", "64", "--max-epochs", "100000",
-                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(wait_s)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
+def _stop_while_training(home, tiny, sig, args, step):
+    """Start trainup_cpu.py, wait until every rank trained ``step`` steps (its heartbeat
+    says so: no fixed sleep, so a loaded machine only makes it slower), send ``sig`` to the
+    launching process."""
+    ranks = int(args[args.index("--num-processes") + 1]) if "--num-processes" in args else 1
+    launcher = start(home, tiny, *args)
+    try:
+        wait_for(lambda: trained(home, ranks, step), f"{step} steps on {ranks} rank(s)")
+        launcher.send_signal(sig)
+        return launcher.wait(timeout=120), stderr_of(home)
+    finally:
+        end_all(home, launcher)
+
+
+def _logged_steps(run_dir, metric):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return [int(row["step"]) for row in csv.DictReader(handle) if row[metric]]
 
 
 @pytest.mark.slow
 def test_sigterm_stops_every_rank_at_one_step_and_resume_continues(shared_home, tmp_path):
+    home, tiny = tmp_path / "home", shared_home / "data" / "tiny"
     first = tmp_path / "first.json"
-    code, out, err = _start_and_signal(shared_home, signal.SIGTERM, [
-        "--num-processes", "2", "--max-steps", "100000", "--result-json", str(first)])
+    # Past step 26, the end of the first epoch: a validation point before the stop.
+    code, err = _stop_while_training(home, tiny, signal.SIGTERM, [
+        "--num-processes", "2", "--max-steps", "100000", "--result-json", str(first)], step=30)
     assert code == 0, err[-3000:]
     stopped = json.loads(first.read_text())
-    assert stopped["stopped_by"] == "SIGTERM" and stopped["global_step"] > 0
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["global_step"] >= 30
     assert stopped["replicas_identical"] and stopped["test_loss"] is None
-    assert "continue with --resume" in out
-    run_dir = Path(stopped["run_dir"])
+    assert "continue with --resume" in (home.parent / "home.out").read_text()
+    run_dir, stop = Path(stopped["run_dir"]), stopped["global_step"]
     assert (run_dir / "checkpoints" / "preempted.ckpt").is_file()
-    then = tmp_path / "then.json"
-    target = stopped["global_step"] + 10
-    proc = run_script(["trainup_cpu.py", "--dataset", "tiny", "--no-progress", "--num-processes",
-                       "2", "--batch-size", "64", "--max-epochs", "100000", "--max-steps",
-                       str(target), "--resume", stopped["run_id"], "--result-json", str(then)],
-                      shared_home)
+    then, target = tmp_path / "then.json", stop + 30  # past at least one more epoch's end
+    # A bare --resume: world size, batch, epochs... come from the stopped run's record.
+    proc = run_script(["trainup_cpu.py", "--resume", stopped["run_id"], "--max-steps",
+                       str(target), "--result-json", str(then)], home)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = json.loads(then.read_text())
-    assert resumed["resumed_from_step"] == stopped["global_step"]
-    assert resumed["global_step"] == target and resumed["run_dir"] == str(run_dir)
+    assert (resumed["world_size"], resumed["global_batch_size"]) == (2, 64)
+    assert resumed["resumed_from_step"] == stop and resumed["run_dir"] == str(run_dir)
+    assert resumed["global_step"] == target
     assert resumed["stopped_by"] is None and resumed["test_loss"] is not None
+    # It trained only the remaining steps: what was logged before the stop is kept and no
+    # step is logged twice (a resume that started over would validate at step 25 again).
+    steps = _logged_steps(run_dir, "val_loss")
+    assert steps == sorted(set(steps)) and steps[0] <= stop < steps[-1], steps
+    curve = [point["step"] for point in resumed["val_curve"]]
+    assert curve[0] <= stop < curve[-1] and curve == sorted(set(curve)), curve
+    # ... and ends with the weights of a run never stopped.
+    straight = tmp_path / "straight.json"
+    proc = run_script(["trainup_cpu.py", "--dataset", str(tiny), "--no-progress",
+                       "--num-processes", "2", "--batch-size", "64", "--max-epochs", "100000",
+                       "--max-steps", str(target), "--result-json", str(straight)], home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert resumed["replica_checksums"] == json.loads(straight.read_text())["replica_checksums"]
 
 
 @pytest.mark.slow
 def test_sigusr1_stops_a_single_process_run(shared_home, tmp_path):
     out_file = tmp_path / "r.json"
-    code, _, err = _start_and_signal(shared_home, signal.SIGUSR1, [
-        "--max-steps", "100000", "--result-json", str(out_file)], wait_s=8)
+    code, err = _stop_while_training(tmp_path / "home", shared_home / "data" / "tiny",
+                                     signal.SIGUSR1, ["--max-steps", "100000", "--result-json",
+                                                      str(out_file)], step=1)
     assert code == 0, err[-3000:]
     assert json.loads(out_file.read_text())["stopped_by"] == "SIGUSR1"
+
+
+def test_result_json_over_a_file_that_is_not_a_result_is_refused(shared_home, tmp_path):
+    thesis = tmp_path / "thesis.txt"
+    thesis.write_text("three years of work\n")
+    proc = run_script(["trainup_cpu.py", "--dataset", "tiny", "--result-json", str(thesis)],
+                      shared_home, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--result-json {thesis}: exists and is not a kosmoss result.json" in lines[0]
+    assert thesis.read_text() == "three years of work\n"

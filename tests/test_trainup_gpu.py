@@ -5,27 +5,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import torch
 
 from helpers import REPO, run_script
+from reliability.fault_helpers import (end_all, processes_of, run_dir, start, stderr_of, trained,
+                                       wait_for)
 
 TINY = ["--dataset", "tiny", "--no-progress"]
-
-
-def _processes_of(home):
-    """Every live process whose environment points at this test's KOSMOSS_HOME."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("KOSMOSS_HOME") == str(home):
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
 
 
 @pytest.mark.slow
@@ -45,7 +33,7 @@ def test_used_by_command_on_cpu_simulates_two_nodes(shared_home, tmp_path):
     assert result["replicas_identical"] and len(result["replica_checksums"]) == 2
     assert proc.stdout.count("simulating 2 nodes on this host") == 1
     assert proc.stdout.count("per-device batch") == 1
-    assert not _processes_of(shared_home)
+    assert not processes_of(shared_home)
 
 
 @pytest.mark.slow
@@ -68,32 +56,31 @@ def test_torchrun_sets_the_world_size(shared_home, tmp_path):
     assert "--num-processes 3 contradicts torchrun's --nproc_per_node 2" in clash.stderr
 
 
-@pytest.mark.slow
-def test_a_dead_node_ends_the_whole_run(shared_home):
-    env = {**os.environ, "KOSMOSS_HOME": str(shared_home), "PYTHONUNBUFFERED": "1"}
-    parent = subprocess.Popen([sys.executable, "trainup_gpu.py", "--gpus", "1", "--num-nodes",
-                               "2", *TINY, "--max-epochs", "100000"], cwd=REPO, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _kill_rank_1_while_training(home, tiny, *args, script="trainup_cpu.py"):
+    """Start a 2-rank run, wait until both ranks trained (their heartbeats), SIGKILL the
+    process of global rank 1; return the launcher's exit code and stderr, and the victim."""
+    launcher = start(home, tiny, *args, script=script)
     try:
-        deadline = time.monotonic() + 120
-        nodes = []
-        while len(nodes) < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-            nodes = [p for p in psutil.Process(parent.pid).children()
-                     if p.environ().get("NODE_RANK") is not None]
-        assert len(nodes) == 2, "node processes did not start"
-        time.sleep(8)  # let them meet and train
-        victim = next(p for p in nodes if p.environ()["NODE_RANK"] == "1")
-        victim.send_signal(signal.SIGKILL)
-        start = time.monotonic()
-        code = parent.wait(timeout=60)
-        assert code == 1 and time.monotonic() - start < 60
-        assert "a node process exited with code" in parent.stderr.read()
-        time.sleep(0.5)
-        assert not _processes_of(shared_home)
+        wait_for(lambda: trained(home, ranks=2, step=1), "both ranks to train a step")
+        victim = json.loads((run_dir(home) / "heartbeats" / "rank-1.json").read_text())["pid"]
+        os.kill(victim, signal.SIGKILL)
+        code = launcher.wait(timeout=60)
+        wait_for(lambda: not processes_of(home), "every process of the run to end", timeout=10)
+        return code, stderr_of(home), victim
     finally:
-        if parent.poll() is None:
-            parent.kill()
+        end_all(home, launcher)
+
+
+@pytest.mark.slow
+def test_a_dead_node_ends_the_whole_run(shared_home, tmp_path):
+    code, err, victim = _kill_rank_1_while_training(
+        tmp_path / "home", shared_home / "data" / "tiny", "--gpus", "1", "--num-nodes", "2",
+        script="trainup_gpu.py")
+    lines = [line for line in err.splitlines() if line.startswith("trainup_gpu.py:")]
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    # The node that died and how, not the exit code of the node that noticed.
+    assert f"failed: node 1 (pid {victim}) was killed by SIGKILL; the other nodes were ended" \
+        in lines[0]
 
 
 @pytest.mark.parametrize("args, names", [
@@ -136,25 +123,13 @@ def test_busy_master_port_names_its_holder(script, args, shared_home):
 
 
 @pytest.mark.slow
-def test_a_dead_rank_ends_a_single_node_run(shared_home):
-    env = {**os.environ, "KOSMOSS_HOME": str(shared_home)}
-    parent = subprocess.Popen([sys.executable, "trainup_cpu.py", "--num-processes", "2", *TINY,
-                               "--max-epochs", "100000"], cwd=REPO, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline, ranks = time.monotonic() + 120, []
-        while not ranks and time.monotonic() < deadline:
-            time.sleep(1)
-            ranks = psutil.Process(parent.pid).children()
-        assert ranks, "rank 1 did not start"
-        time.sleep(8)
-        ranks[0].send_signal(signal.SIGKILL)
-        assert parent.wait(timeout=60) != 0
-        time.sleep(0.5)
-        assert not _processes_of(shared_home)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+def test_a_dead_rank_ends_a_single_node_run_with_one_line(shared_home, tmp_path):
+    code, err, victim = _kill_rank_1_while_training(
+        tmp_path / "home", shared_home / "data" / "tiny", "--num-processes", "2")
+    lines = [line for line in err.splitlines() if line.startswith("trainup_cpu.py:")]
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    assert f"failed: rank 1 (pid {victim}) was killed by SIGKILL" in lines[0]
+    assert "Traceback" not in err, err[-3000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")

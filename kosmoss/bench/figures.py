@@ -67,6 +67,7 @@ def summarize(measurements: List[dict]) -> dict:
     return {"samples_per_s": med("samples_per_s"),
             "time_to_first_step_s": med("time_to_first_step_s"),
             "val_loss": med("val_loss"),
+            "page_faults_per_step": med("page_faults_per_step"),
             "peak_host_mib": peak("peak_host_mib"), "peak_gpu_mib": peak("peak_gpu_mib")}
 
 
@@ -115,6 +116,16 @@ def _row_figure(rows: Dict[str, dict], row_id: str, key: str) -> Optional[float]
     return row.get(key) if row and row.get("status") == "measured" else None
 
 
+EXTRA_FAULTS_MAX = 256  # pages (1 MiB) a step: one batch buffer re-faulted is 1,000s at batch 256
+
+
+def _extra_page_faults(rows: Dict[str, dict]) -> Optional[float]:
+    """Minor page faults per step of kosmoss beyond the raw loop's (kosmoss.throughput)."""
+    kosmoss = _row_figure(rows, "kosmoss-cpu", "page_faults_per_step")
+    raw = _row_figure(rows, "raw-cpu", "page_faults_per_step")
+    return None if kosmoss is None or raw is None else kosmoss - raw
+
+
 def _ddp_loss_ratio(rows: Dict[str, dict]) -> Optional[float]:
     return ratio(_row_figure(rows, "ddp-cpu-2", "val_loss"),
                  _row_figure(rows, "kosmoss-cpu", "val_loss"))
@@ -132,6 +143,9 @@ class Check(NamedTuple):
 CHECKS: List[Check] = [
     Check("kosmoss on 1 CPU process ÷ raw CPU loop", ">= 0.90",
           lambda rows: _row_figure(rows, "kosmoss-cpu", "ratio"), lambda v: v >= 0.90,
+          ("kosmoss-cpu", "raw-cpu")),
+    Check("kosmoss-cpu page faults per step − raw-cpu's (allocator stability)",
+          f"<= {EXTRA_FAULTS_MAX}", _extra_page_faults, lambda v: v <= EXTRA_FAULTS_MAX,
           ("kosmoss-cpu", "raw-cpu")),
     Check("batched loader ÷ the course's per-sample loader", ">= 50",
           lambda rows: _row_figure(rows, "loader-kosmoss", "ratio"), lambda v: v >= 50,

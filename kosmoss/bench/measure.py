@@ -73,6 +73,8 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "val_loss": result.get("val_loss"),
         "peak_host_mib": _max(result.get("peak_host_rss_mib")),
         "peak_gpu_mib": _max(result.get("peak_gpu_mib")),
+        # Minor page faults per timed step (the most of any rank): kosmoss.throughput.
+        "page_faults_per_step": _max_of_any(result.get("page_faults_per_step")),
         "precision": result.get("precision"),
         "world_size": result.get("world_size", 1),
         "warnings": result.get("warnings", []),
@@ -82,6 +84,13 @@ def figures_from(result: dict, launched_unix: float) -> dict:
 def _max(values: Optional[List[float]]) -> Optional[float]:
     values = [v for v in values or [] if v]
     return max(values) if values else None
+
+
+def _max_of_any(value) -> Optional[float]:
+    """The largest of a per-rank list, or the one value of a single process (0 is a value)."""
+    values = value if isinstance(value, list) else [value]
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def _drop_checkpoints(result: dict, out_dir: Path) -> None:

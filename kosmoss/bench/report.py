@@ -18,7 +18,8 @@ OUTPUTS = ("bench.json", "bench.csv", "bench.png")
 CSV_COLUMNS = ("id", "label", "status", "reason", "device", "ranks", "precision", "batch_size",
                "samples_per_s", "predicted_samples_per_s", "predicted_over_measured",
                "ratio", "versus", "scaling_efficiency", "time_to_first_step_s",
-               "time_to_target_s", "target_reached", "val_loss", "peak_host_mib", "peak_gpu_mib")
+               "time_to_target_s", "target_reached", "val_loss", "page_faults_per_step",
+               "peak_host_mib", "peak_gpu_mib")
 
 
 def _number(value: Optional[float], style: str = "{:,.0f}") -> str:
@@ -36,7 +37,8 @@ def table(bench: dict) -> Group:
                        f"{plan['steps']} timed steps after 1 warm-up, median of {plan['repeats']}",
                  caption=_caption(bench), caption_justify="left")
     for name in ("set-up", "ranks", "batch", "samples/s", "predicted", "pred/meas", "ratio", "vs",
-                 "eff.", "1st step s", "target s", "val_loss", "host MiB", "GPU MiB"):
+                 "eff.", "1st step s", "target s", "val_loss", "faults/step", "host MiB",
+                 "GPU MiB"):
         rows.add_column(name, justify="left" if name in ("set-up", "vs") else "right")
     for row in bench["rows"]:
         if row["status"] != "measured":
@@ -49,7 +51,8 @@ def table(bench: dict) -> Group:
             row["versus"] or "", _number(row.get("scaling_efficiency"), "{:.2f}"),
             _number(row["time_to_first_step_s"], "{:.1f}"),
             _number(row.get("time_to_target_s"), "{:.1f}"),
-            _number(row["val_loss"], "{:.4f}"), _number(row["peak_host_mib"]),
+            _number(row["val_loss"], "{:.4f}"), _number(row.get("page_faults_per_step")),
+            _number(row["peak_host_mib"]),
             _number(row["peak_gpu_mib"]),
         )
     parts: list = [rows]
@@ -86,6 +89,7 @@ def _caption(bench: dict) -> str:
             "ratio: samples/s ÷ the vs row's. eff.: samples/s ÷ (ranks × the 1-rank row's). "
             "1st step / target s: seconds from launch to the end of the first training step / "
             f"to a validation with val_loss <= the target ({goals}). "
+            "faults/step: minor page faults per timed step, the most of any rank. "
             "MiB: peak per rank.")
 
 

@@ -6,7 +6,8 @@ import sys
 
 from ..cli_support import command_main
 from ..devices import MachineGpu
-from ..run.flags import add_run_flags, config_from_args, flag_names
+from ..launch import die_with_spawner
+from ..run.flags import add_run_flags, checked_config, flag_names
 
 HELP = "train the MLP on CPU (1 process, DDP over gloo, simulated nodes, or Horovod)"
 
@@ -21,9 +22,11 @@ def register(subparsers) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
-    from ..run import run  # Lightning is slow to import; only this command needs it
+    die_with_spawner()  # a local rank Lightning started ends with the rank that started it
+    config = checked_config(args, machine=MachineGpu.from_environment("none"), use_gpu=False)
+    from ..run.pipeline import run_from_command_line  # Lightning: seconds to import
 
-    run(config_from_args(args, machine=MachineGpu.from_environment("none"), use_gpu=False))
+    run_from_command_line("kosmoss train", config)
 
 
 def main(argv=None) -> int:

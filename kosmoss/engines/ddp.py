@@ -28,7 +28,10 @@ class DDPEngine(Engine):
         from pytorch_lightning.strategies import DDPStrategy
 
         options = {"timeout": timeout} if timeout else {}
-        return DDPStrategy(process_group_backend=share.backend, **options)
+        # Gradients live in DDP's all-reduce buckets: no copy of every gradient into them
+        # and back each step (~2 MB a step for the course model), and no second copy in RAM.
+        return DDPStrategy(process_group_backend=share.backend, gradient_as_bucket_view=True,
+                           **options)
 
     def backend(self, share: Sharing, world_size: int) -> str:
         return share.backend if world_size > 1 else "none"

@@ -33,8 +33,8 @@ The contract (the lessons and ``kosmoss check`` rely on it):
   one-line summary ``--list`` prints); ``skeleton(...)`` the exercise cell to start from;
   ``checker_cell(...)`` the line above; ``exercises(lesson=None)`` the catalogue.
 
-Lessons: ``01`` .. ``08`` and ``metrics`` (the DDP-metrics lab, whose notebook's file name
-contains ``metrics``). Each lesson's module (``lesson01.py`` .. ``lesson08.py``,
+Lessons: ``01`` .. ``11`` and ``metrics`` (the DDP-metrics lab, whose notebook's file name
+contains ``metrics``). Each lesson's module (``lesson01.py`` .. ``lesson11.py``,
 ``metrics.py``) holds its exercises: statement, skeleton, checker, a reference solution
 and at least one wrong solution each; tests/exercises runs the checker on all of them.
 """

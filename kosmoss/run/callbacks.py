@@ -17,7 +17,9 @@ from ..throughput import StepClock
 class ThroughputMeter(pl.Callback):
     """Training samples per second over the whole world, in steady state (the one
     :class:`kosmoss.throughput.StepClock` rule, shared with the bench's raw loop); when each
-    validation ended and its loss (time to a target loss); peak memory of every rank."""
+    validation ended and its loss (time to a target loss); peak memory and minor page faults
+    per timed step of every rank (a step that hands buffers back to the system and faults
+    them in again shows here, not only as a slower step)."""
 
     def __init__(self) -> None:
         self.clock = StepClock()
@@ -26,6 +28,7 @@ class ThroughputMeter(pl.Callback):
         self.val_curve: List[dict] = []
         self.peak_host_rss_mib: List[float] = []
         self.peak_gpu_mib: List[float] = []
+        self.page_faults_per_step: List[float] = []
         self._fit_start = 0.0
 
     @property
@@ -58,8 +61,10 @@ class ThroughputMeter(pl.Callback):
         if float(elapsed) > 0:
             self.samples_per_s = float(samples) / float(elapsed)
         gpu = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-        peaks = pl_module.all_gather(torch.tensor([peak_host_rss_mib(), gpu], device=device))
-        self.peak_host_rss_mib, self.peak_gpu_mib = peaks.reshape(-1, 2).T.tolist()
+        faults = self.clock.faults_per_step or 0.0
+        mine = torch.tensor([peak_host_rss_mib(), gpu, faults], device=device)
+        ranks = pl_module.all_gather(mine).reshape(-1, 3).T.tolist()
+        self.peak_host_rss_mib, self.peak_gpu_mib, self.page_faults_per_step = ranks
 
 
 class PrecisionProbe(pl.Callback):

@@ -5,17 +5,20 @@ with their own flag names (:mod:`kosmoss.run.flags`).
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
+from .. import paths
 from ..cpus import available_cores
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..engines import ENGINE_NAMES
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
-from ..scaling import LR_RULES
+from ..scaling import LR_RULES, plan as plan_scaling
 
 PRECISIONS = ("32-true", "bf16-mixed")
 STRATEGIES = ENGINE_NAMES
@@ -51,16 +54,21 @@ class RunConfig:
     strategy: str = "ddp"  # an engine of kosmoss.engines
     precision: str = "32-true"  # Lightning's name; bf16-mixed autocasts (GPU or CPU)
     collective_timeout_s: Optional[float] = None  # None: COLLECTIVE_TIMEOUT_S by device
+    # The fields the user typed (flags given), so a resume keeps the stopped run's value for
+    # the others; None: those that differ from the defaults (a call from code).
+    given: Optional[FrozenSet[str]] = None
 
     def as_dict(self) -> dict:
         data = asdict(self)
+        data.pop("given")
         data["result_json"] = str(self.result_json) if self.result_json else None
         return data
 
 
 def validate(config: RunConfig) -> Tuple[str, ...]:
     """Raise :class:`ConfigError` for the first bad field; return warnings for odd ones.
-    Cheap: no torch, no files beyond ``result_json``'s folder."""
+    Cheap: no torch; only looks at ``result_json``, the run to resume and $KOSMOSS_HOME."""
+    check_home_writable()
     if config.num_processes is not None:
         _at_least(config.num_processes, 1, "num_processes")
     if config.num_nodes is not None:
@@ -72,6 +80,9 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
         raise ConfigError("max_steps", f"{{field}} {config.max_steps}: must be >= 1 (or -1 for "
                           "no limit)")
     _one_of(config.scale_lr, LR_RULES, "scale_lr")
+    # The rate, warmup and base batch now; what depends on the world size once it is known.
+    plan_scaling(config.batch_size, config.lr, config.scale_lr,
+                 base_batch_size=config.base_batch_size, warmup_steps=config.warmup_steps)
     _one_of(config.precision, PRECISIONS, "precision")
     _one_of(config.strategy, STRATEGIES, "strategy")
     _one_of(config.mode, MODES, "mode")
@@ -85,7 +96,35 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
                           "give a number of seconds > 0")
     if config.result_json is not None:
         _check_output(Path(config.result_json))
+    if config.resume:
+        run_folder(config.resume)
     return _warnings(config)
+
+
+def check_home_writable() -> None:
+    """A run writes under $KOSMOSS_HOME/runs: a home that cannot be written is said before
+    anything starts (not as a traceback once the data has loaded)."""
+    runs = paths.runs_root()
+    existing = next((p for p in (runs, *runs.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not _writable(existing):
+        raise UsageError(f"KOSMOSS_HOME {paths.home()}: {existing} cannot be written (runs go "
+                         f"to {runs}); set KOSMOSS_HOME to a folder you can write")
+
+
+def run_folder(resume: str) -> Tuple[Path, Optional[Path]]:
+    """``--resume``'s run folder, and the checkpoint it names or None: a run id, a run folder
+    or a checkpoint file inside a run's ``checkpoints/``."""
+    given = Path(resume).expanduser()
+    if given.suffix == ".ckpt":
+        if not given.is_file() or given.parent.name != "checkpoints":
+            raise ConfigError("resume", f"{{field}} {resume}: not a checkpoint in a run's "
+                              "checkpoints/ folder")
+        return given.parent.parent, given
+    folder = given if "/" in resume else paths.runs_root() / resume
+    if not folder.is_dir():
+        raise ConfigError("resume", f"{{field}} {resume}: no such run; give a run id from "
+                          f"{paths.runs_root()} or a run folder")
+    return folder, None
 
 
 def _check_gpu_ids(config: RunConfig) -> None:
@@ -99,9 +138,13 @@ def _check_gpu_ids(config: RunConfig) -> None:
 
 
 def _check_output(path: Path) -> None:
-    """Found before training, not after it: a folder, or a place that cannot be written."""
+    """Found before training, not after it: a folder, a file that is not a kosmoss result
+    (the user's own: never overwritten), or a place that cannot be written."""
     if path.is_dir():
         raise ConfigError("result_json", f"{{field}} {path}: is a directory; give a file path")
+    if path.exists() and not is_kosmoss_result(path):
+        raise ConfigError("result_json", f"{{field}} {path}: exists and is not a kosmoss "
+                          "result.json; give a new path (a previous result is replaced)")
     parent = path.expanduser().absolute().parent
     existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
     if existing is None or not existing.is_dir() or not _writable(existing):
@@ -109,9 +152,16 @@ def _check_output(path: Path) -> None:
                           "path in a folder you can write")
 
 
-def _writable(folder: Path) -> bool:
-    import os
+def is_kosmoss_result(path: Path) -> bool:
+    """A result.json kosmoss wrote (its keys), which a new run may replace."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"run_id", "run_dir", "world_size", "config"} <= set(data)
 
+
+def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 

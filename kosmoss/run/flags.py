@@ -3,15 +3,16 @@ place where a configuration field is named as a flag (errors speak the caller's 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict, FrozenSet
 
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices import MachineGpu
 from ..errors import ConfigError
 from ..scaling import LR_RULES
-from .config import PRECISIONS, STRATEGIES, RunConfig
+from .config import PRECISIONS, STRATEGIES, RunConfig, validate
 
 DEFAULTS = RunConfig()
 # Every field whose flag is not simply --field-with-dashes.
@@ -25,6 +26,26 @@ def flag_names(process_flag: str = "--num-processes") -> Dict[str, str]:
     return {**names, **FLAG_NAMES, "num_processes": process_flag}
 
 
+@dataclass(frozen=True)
+class Default:
+    """A flag's default, told apart from the same value typed: a resume keeps the stopped
+    run's value for every flag not typed (kosmoss.run.resume)."""
+    value: Any
+
+    def __str__(self) -> str:  # what --help shows for %(default)s
+        return str(self.value)
+
+
+def unwrap(value: Any) -> Any:
+    return value.value if isinstance(value, Default) else value
+
+
+def given_fields(args: argparse.Namespace) -> FrozenSet[str]:
+    """The fields whose flags were typed (a None default cannot be typed)."""
+    return frozenset(name for name, value in vars(args).items()
+                     if value is not None and not isinstance(value, Default))
+
+
 def in_flag_terms(error: Exception, process_flag: str = "--num-processes") -> str:
     """An error's one line as the launcher's user reads it."""
     if isinstance(error, ConfigError):
@@ -35,38 +56,39 @@ def in_flag_terms(error: Exception, process_flag: str = "--num-processes") -> st
 def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) -> None:
     """Every flag that is not GPU-specific: trainup_cpu.py runs every CPU set-up with these."""
     add = parser.add_argument
-    add("--batch-size", type=int, default=DEFAULTS.batch_size,
+    add("--batch-size", type=int, default=Default(DEFAULTS.batch_size),
         help="global batch, split evenly over all processes (default %(default)s)")
     if processes:
         add("--num-processes", type=int, default=None,
             help="processes (ranks) per node; >1 runs DDP (default 1, or what torchrun says)")
     add("--num-nodes", type=int, default=None,
         help="nodes; without a cluster launcher they are simulated on this host")
-    add("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
+    add("--strategy", choices=STRATEGIES, default=Default(DEFAULTS.strategy),
         help="distributed engine: ddp (gloo on CPU, NCCL for one rank per GPU) or horovod "
              "(under horovodrun; see docs/horovod.md)")
-    add("--precision", choices=PRECISIONS, default=DEFAULTS.precision,
+    add("--precision", choices=PRECISIONS, default=Default(DEFAULTS.precision),
         help="bf16-mixed: bfloat16 autocast (the tensor cores' format; runs on CPU too)")
-    add("--lr", type=float, default=DEFAULTS.lr,
+    add("--lr", type=float, default=Default(DEFAULTS.lr),
         help="learning rate tuned for --base-batch-size (default %(default)s)")
-    add("--scale-lr", choices=LR_RULES, default=DEFAULTS.scale_lr,
+    add("--scale-lr", choices=LR_RULES, default=Default(DEFAULTS.scale_lr),
         help="scale --lr with k = global batch / base batch (default %(default)s)")
     add("--base-batch-size", type=int, default=None,
         help="batch --lr was tuned for (default: the per-device batch)")
-    add("--warmup-steps", type=int, default=DEFAULTS.warmup_steps,
+    add("--warmup-steps", type=int, default=Default(DEFAULTS.warmup_steps),
         help="ramp the rate linearly from --lr to the scaled rate over N steps (default 0)")
-    add("--max-epochs", type=int, default=DEFAULTS.max_epochs, help="(default %(default)s)")
-    add("--max-steps", type=int, default=DEFAULTS.max_steps,
+    add("--max-epochs", type=int, default=Default(DEFAULTS.max_epochs),
+        help="(default %(default)s)")
+    add("--max-steps", type=int, default=Default(DEFAULTS.max_steps),
         help="stop after this many optimizer steps; -1: no limit (default %(default)s)")
-    add("--dataset", default=DEFAULT_PRESET,
+    add("--dataset", default=Default(DEFAULT_PRESET),
         help="preset name (tiny, small, large; prepared on first use) or dataset folder "
              "(default %(default)s)")
-    add("--seed", type=int, default=DEFAULTS.seed, help="(default %(default)s)")
+    add("--seed", type=int, default=Default(DEFAULTS.seed), help="(default %(default)s)")
     add("--result-json", type=Path, default=None,
         help="also write result.json here (it is always in the run directory)")
-    add("--hidden", type=int, nargs="+", default=list(DEFAULTS.hidden),
+    add("--hidden", type=int, nargs="+", default=Default(list(DEFAULTS.hidden)),
         help="hidden layer sizes (default: 100 100 100)")
-    add("--mode", choices=MODES, default=DEFAULTS.mode,
+    add("--mode", choices=MODES, default=Default(DEFAULTS.mode),
         help="efficient: memory-mapped shards; controlled: shards copied to RAM; device: "
              "copied to the GPU, which then gathers its own batches")
     add("--num-workers", type=int, default=None,
@@ -74,10 +96,11 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
     add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,
         metavar="SECONDS", help="fail a collective that waits longer (default 120 on CPU, "
                                 "600 on GPU)")
-    add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add("--no-progress", dest="progress", action="store_false", default=Default(True),
+        help="no progress bar")
     add("--resume", metavar="RUN", default=None,
-        help="continue a run stopped by a signal: its run id or folder (under Slurm a "
-             "requeued job resumes by itself)")
+        help="continue a stopped run with its own settings: its run id, its folder, or one of "
+             "its checkpoints (under Slurm a requeued job resumes by itself)")
 
 
 def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
@@ -99,10 +122,12 @@ def _id_list(text: str):
                                          "integers, e.g. 0,1") from None
 
 
-def config_from_args(args: argparse.Namespace, *, machine: MachineGpu,
+def config_from_args(parsed: argparse.Namespace, *, machine: MachineGpu,
                      use_gpu: bool) -> RunConfig:
     """The run's request from the flags; the machine's say (offer / force / pick a GPU)
     from the entry point's default and the environment (MachineGpu.from_environment)."""
+    args = argparse.Namespace(**{name: unwrap(value) for name, value in vars(parsed).items()})
+    given = given_fields(parsed) & set(RunConfig.__dataclass_fields__)
     gpu_ids = getattr(args, "gpu_ids", None)
     processes = args.num_processes if args.num_processes is not None or not gpu_ids \
         else len(gpu_ids)
@@ -116,4 +141,13 @@ def config_from_args(args: argparse.Namespace, *, machine: MachineGpu,
         strategy=args.strategy, collective_timeout_s=args.collective_timeout_s,
         gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
         machine_gpu=machine.setting, gpu_index=machine.index, use_gpu=use_gpu,
+        given=given | ({"num_processes"} if "gpu_ids" in given else frozenset()),
     )
+
+
+def checked_config(args: argparse.Namespace, *, machine: MachineGpu, use_gpu: bool) -> RunConfig:
+    """:func:`config_from_args`, validated here: a bad value is a one-line error before
+    torch and Lightning are imported (seconds)."""
+    config = config_from_args(args, machine=machine, use_gpu=use_gpu)
+    validate(config)
+    return config

@@ -1,22 +1,34 @@
 """``run(config)``: prepare, then train and report, with this process's run record around
-them; or, for simulated nodes, start the node processes that do it."""
+them; or, for simulated nodes, start the node processes that do it.
+
+A signal before training can checkpoint (SIGTERM, SIGUSR1, Ctrl-C while the data loads or
+the ranks meet) ends the run ``stopped`` with exit code 128 + the signal's number and one
+line, never a traceback; once training runs, SIGTERM and SIGUSR1 stop every rank at one
+step with a checkpoint (kosmoss.run.preemption) and the exit code is 0.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Callable
+import signal
+import sys
+import threading
+from typing import Callable, Iterator
 
 from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
 
 from .. import launch, records
 from ..data.store import verify_checksums
-from ..errors import RunFailed
+from ..errors import EXIT_FAILURE, RunFailed
 from .config import RunConfig
 from .plan import RunPlan, prepare
 from .report import report
 from .train import train
 
-__all__ = ["run", "prepare", "train", "report"]
+__all__ = ["run", "prepare", "train", "report", "run_from_command_line"]
+
+START_UP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def say(message: str) -> None:
@@ -25,32 +37,118 @@ def say(message: str) -> None:
         Console(highlight=False, soft_wrap=True).print(message, markup=False)
 
 
+def run_from_command_line(prog: str, config: RunConfig) -> None:
+    """:func:`run` for a launcher: a run stopped by a signal says so in one line and exits
+    128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM). The process the user
+    started speaks for the run: the ranks and nodes kosmoss started record why they ended
+    and exit without a word."""
+    speaks = not launch.started_by_kosmoss()
+    try:
+        run(config)
+    except records.Stopped as stop:
+        if speaks:
+            print(f"{prog}: {stop}", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    except RunFailed:
+        if speaks:
+            raise
+        raise SystemExit(EXIT_FAILURE) from None
+
+
 def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     """Check everything, then train. Bad input raises a UsageError before anything is
     written (only a missing preset dataset is prepared)."""
-    plan = prepare(config, log=echo)
-    rank_zero_only.rank = plan.topology.global_rank  # Lightning sets the same, later
-    if plan.topology.launcher is not launch.Launcher.SIMULATED_NODE:
-        for line in plan.describe():  # the node processes' parent already said it all
-            echo(line)
-    if plan.is_global_zero:  # the last input check: from here on, things are written
-        verify_checksums(plan.dataset, trust_unchanged=True)  # records in it what matched
-    if plan.launches_nodes:
-        return simulate(plan, echo)
-    with records.recorded(plan.run_dir, kind=plan.topology.launcher.value,
-                          global_rank=plan.topology.global_rank) as membership:
-        outcome = train(plan)
-        if outcome.stopped_by:
-            membership.stopped()
-        return report(plan, outcome, echo=echo)
+    launch.die_with_spawner()  # a local rank whose starter died leaves at once
+    with signals_stop_the_run():
+        plan = prepare(config, log=echo)
+        rank_zero_only.rank = plan.topology.global_rank  # Lightning sets the same, later
+        if plan.topology.launcher is not launch.Launcher.SIMULATED_NODE:
+            for line in plan.describe():  # the node processes' parent already said it all
+                echo(line)
+        if plan.is_global_zero:  # the last input check: from here on, things are written
+            verify_checksums(plan.dataset, trust_unchanged=True)  # records in it what matched
+        if plan.launches_nodes:
+            return simulate(plan, echo)
+        with records.recorded(plan.run_dir, kind=plan.topology.launcher.value,
+                              global_rank=plan.topology.global_rank,
+                              details=run_details(plan)) as membership:
+            with _stopped_said(plan), launch.local_ranks_die_with_me(plan.topology):
+                outcome = train(plan)
+            if outcome.stopped_by:
+                membership.stopped()
+            result = report(plan, outcome, echo=echo)
+        _requeue(plan, outcome, echo)
+        return result
+
+
+def _requeue(plan: RunPlan, outcome, echo: Callable[[str], None]) -> None:
+    """Last: Slurm ends the job's tasks with SIGTERM as soon as it is requeued, and this
+    attempt has nothing left to do but exit (0)."""
+    if not outcome.stopped_by:
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # restored when run() returns
+    job = outcome.requeue()
+    if job:
+        echo(f"requeued Slurm job {job}: it resumes from {plan.run_dir / 'checkpoints'}")
+
+
+def run_details(plan: RunPlan) -> dict:
+    """What run.json keeps of the run's settings: a resume continues with them."""
+    return {"config": plan.config.as_dict(), "world_size": plan.scaling.world_size}
+
+
+@contextlib.contextmanager
+def signals_stop_the_run() -> Iterator[None]:
+    """Until training installs its own handlers (a checkpoint at the next step), a stop
+    signal raises :class:`kosmoss.records.Stopped`: the records end ``stopped``, the local
+    ranks and simulated nodes end with this process, and the user reads one line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers: a run from a thread keeps the caller's
+        return
+
+    def stop(signum, frame):
+        raise records.Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in START_UP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _stopped_said(plan: RunPlan) -> Iterator[None]:
+    """A Stopped raised in training gets the run's name, so the one line says what to do."""
+    try:
+        yield
+    except records.Stopped as stop:
+        raise records.Stopped(stop.signum, f"stopped by {stop.signal_name} before a checkpoint "
+                              f"could be saved (run {plan.run_id}, recorded stopped)") from None
 
 
 def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:
     """Start one process per simulated node, each running this same command."""
-    with records.recorded(plan.run_dir, kind=plan.topology.launcher.value):  # marks the nodes
-        code = launch.simulate_nodes(plan.topology, {records.RUN_ID_ENV: plan.run_id}, echo)
-        if code != 0:
-            raise RunFailed(f"a node process exited with code {code}; the other nodes were "
-                            f"ended too (run {plan.run_id})")
-    # Node 0's rank 0 wrote result.json (and --result-json, the same flags reached it).
-    return json.loads((plan.run_dir / "result.json").read_text())
+    with records.recorded(plan.run_dir, kind=plan.topology.launcher.value,
+                          details=run_details(plan)) as membership:  # marks the nodes
+        with _stopped_said(plan):
+            failure = launch.simulate_nodes(plan.topology, {records.RUN_ID_ENV: plan.run_id},
+                                            echo)
+        if failure is not None:
+            why = _recorded_error(plan, failure.pid)
+            raise RunFailed(f"{failure}{f' ({why})' if why else ''}; the other nodes were ended "
+                            f"too (run {plan.run_id})")
+        # Node 0's rank 0 wrote result.json (and --result-json, the same flags reached it).
+        result = json.loads((plan.run_dir / "result.json").read_text())
+        if result.get("stopped_by"):
+            membership.stopped()
+        return result
+
+
+def _recorded_error(plan: RunPlan, pid: int) -> str:
+    """What a node process recorded as its error (it printed nothing: its parent speaks)."""
+    record = next((r for r in records.read_processes(plan.run_dir) if r.get("pid") == pid
+                   and r.get("host") == records.hostname()), {})
+    lines = (record.get("error") or "").splitlines()
+    return lines[0][:300] if lines else ""

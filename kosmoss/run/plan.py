@@ -1,8 +1,10 @@
 """``prepare(config) -> RunPlan``: every decision of a run, made once and frozen.
 
 Data (prepared if it is a missing preset: the one side effect), engine, topology, devices,
-scaling arithmetic, run identity and resume point. Nothing is written and nothing is
-printed here; :func:`kosmoss.run.train` trains a plan, :func:`kosmoss.run.report` reports.
+scaling arithmetic, run identity and resume point (kosmoss.run.resume: a resume continues
+with the stopped run's settings). Nothing is written and nothing is printed here (a run
+recorded ``running`` whose processes are gone is recorded ``killed`` when resumed);
+:func:`kosmoss.run.train` trains a plan, :func:`kosmoss.run.report` reports.
 """
 from __future__ import annotations
 
@@ -27,8 +29,12 @@ from ..errors import ConfigError
 from ..launch import Launcher, Topology
 from ..records import RUN_ID_ENV
 from ..scaling import ScalingPlan, plan as plan_scaling
+from . import resume
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
 from .preemption import CHECKPOINT as PREEMPTED
+
+# float32 weights, their gradients and Adam's two moments: 16 bytes per parameter and rank.
+BYTES_PER_PARAMETER = 4 * 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class RunPlan:
     num_workers: int
     collective_timeout: timedelta
     warnings: Tuple[str, ...]
+    notes: Tuple[str, ...] = ()  # what a resume took over or changed, said before training
 
     @property
     def is_global_zero(self) -> bool:
@@ -60,7 +67,7 @@ class RunPlan:
 
     def describe(self) -> List[str]:
         """What rank 0 prints before training: warnings, backend, the scaling arithmetic."""
-        lines = [f"warning: {warning}" for warning in self.warnings]
+        lines = [f"warning: {warning}" for warning in self.warnings] + list(self.notes)
         if self.scaling.world_size > 1:
             reason = self.engine.backend_reason(self.share, self.policy.gpu,
                                                 self.topology.ranks_on_host)
@@ -72,10 +79,15 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     """Check everything and decide everything; raises :class:`ConfigError` (or another
     UsageError naming the file) before anything is written."""
     warnings = validate(config)
+    point = resume.find(config) if config.resume else None
+    if point is not None:  # the stopped run's settings, checked again as a whole
+        config, warnings = point.config, validate(point.config)
     engine = get_engine(config.strategy)
     engine.check_available()
     topology = launch.resolve(config.num_processes, config.num_nodes, engine)
     launch.check_master_port(topology)
+    if point is not None and _starts_the_attempt(topology):
+        point.check_can_continue(topology.world_size)
     machine = MachineGpu(config.machine_gpu, config.gpu_index)
     policy = decide(machine, config.use_gpu, require=config.require_gpu, gpu_ids=config.gpu_ids)
     share = sharing(topology.ranks_on_host, policy.gpus_on_host)
@@ -87,18 +99,52 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset, config.seed)
     _check_fits(config.dataset, sizes, scaling)
-    run_id, run_dir = _run_identity(config.resume, topology, engine)
-    resume_from = _checkpoint_to_resume(run_dir, config.resume, topology)
+    _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host)
+    if point is not None:
+        point.check_model(dataset.n_x, config.hidden, dataset.n_y)
+    run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
     return RunPlan(
         config=config, engine=engine, topology=topology, policy=policy, share=share,
         scaling=scaling, dataset=dataset, split_sizes=sizes, run_id=run_id, run_dir=run_dir,
-        resume_from=resume_from, resumed_from_step=_step_of(resume_from, policy),
+        resume_from=resume_from, resumed_from_step=step,
         num_workers=(config.num_workers if config.num_workers is not None
                      else default_num_workers(topology.ranks_on_host)),
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
+        notes=point.notes if point is not None else (),
     )
+
+
+def _starts_the_attempt(topology: Topology) -> bool:
+    """This process starts the attempt: the ranks and nodes it starts find it running."""
+    return topology.global_rank == 0 and topology.launcher is not Launcher.SIMULATED_NODE
+
+
+def parameter_count(n_x: int, hidden: Tuple[int, ...], n_y: int) -> int:
+    sizes = [n_x, *hidden, n_y]
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: DevicePolicy,
+                  share: Sharing, ranks_on_host: int) -> None:
+    """A model that cannot fit is a one-line error, not an allocation failure: weights,
+    gradients and Adam's moments of every rank on this host against the memory there is."""
+    params = parameter_count(dataset.n_x, hidden, dataset.n_y)
+    need = params * BYTES_PER_PARAMETER
+    if policy.gpu:
+        import torch
+
+        have = torch.cuda.mem_get_info(policy.index or 0)[1] * share.memory_fraction
+        where = f"GPU {policy.index or 0} has {have / 2**30:,.1f} GiB for each rank"
+    else:
+        have = psutil.virtual_memory().available / ranks_on_host
+        where = (f"this host has {have * ranks_on_host / 2**30:,.1f} GiB available for "
+                 f"{ranks_on_host} rank(s)")
+    if need > have:
+        raise ConfigError("hidden", f"{{field}} {' '.join(map(str, hidden))}: {params:,} "
+                          f"parameters need about {need / 2**30:,.1f} GiB per rank (weights, "
+                          f"gradients, Adam's two moments) and {where}: give smaller layers")
 
 
 def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
@@ -124,17 +170,6 @@ def new_run_id() -> str:
     return f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
-def _run_identity(resume: Optional[str], topology: Topology, engine: Engine) -> Tuple[str, Path]:
-    if resume:
-        folder = Path(resume).expanduser() if "/" in resume else paths.runs_root() / resume
-        if not folder.is_dir():
-            raise ConfigError("resume", f"{{field}} {resume}: no such run; give a run id from "
-                              f"{paths.runs_root()} or a run folder")
-        return folder.name, folder
-    run_id = _run_id(topology, engine)
-    return run_id, paths.runs_root() / run_id
-
-
 def _run_id(topology: Topology, engine: Engine) -> str:
     """Rank 0 names the run; ranks started by Lightning or by the simulated-node launcher
     inherit the name from their environment; Slurm's and torchrun's ranks derive it from
@@ -156,21 +191,21 @@ def _run_id(topology: Topology, engine: Engine) -> str:
     return engine.shared_run_id(new_run_id())
 
 
-def _checkpoint_to_resume(run_dir: Path, explicit: Optional[str],
-                          topology: Topology) -> Optional[Path]:
-    """``--resume RUN``: its preempted (else last) checkpoint. Without it, a Slurm job that
-    was requeued finds its own preempted checkpoint in its run directory."""
-    folder = run_dir / "checkpoints"
-    if not explicit:
-        requeued = folder / PREEMPTED
-        return requeued if topology.launcher is Launcher.SLURM and requeued.is_file() else None
-    found = next((p for p in (folder / PREEMPTED, folder / "last.ckpt") if p.is_file()), None)
-    if found is None:
-        raise ConfigError("resume", f"{{field}} {explicit}: no checkpoints/{PREEMPTED} or "
-                          f"last.ckpt in {run_dir}; nothing to resume")
-    return found
+def _identity(point: Optional[resume.ResumePoint], topology: Topology,
+              engine: Engine) -> Tuple[str, Path, Optional[Path], Optional[int]]:
+    """(run id, run folder, checkpoint to resume from, its step): the resumed run's, or a
+    new run's (a requeued Slurm job is not new: it finds its own checkpoint)."""
+    if point is not None:
+        return point.run_id, point.run_dir, point.checkpoint, point.step
+    run_id = _run_id(topology, engine)
+    run_dir = paths.runs_root() / run_id
+    checkpoint = _requeued_checkpoint(run_dir, topology)
+    return run_id, run_dir, checkpoint, (None if checkpoint is None
+                                         else resume.checkpoint_step(checkpoint))
 
 
-def _step_of(checkpoint: Optional[Path], policy: DevicePolicy) -> Optional[int]:
-    # Read before the run overwrites last.ckpt; a checkpoint from a GPU maps to this device.
-    return None if checkpoint is None else int(policy.load(checkpoint)["global_step"])
+def _requeued_checkpoint(run_dir: Path, topology: Topology) -> Optional[Path]:
+    """A Slurm job that was requeued finds its own preempted checkpoint in its run directory
+    (same job id, same run id)."""
+    requeued = run_dir / "checkpoints" / PREEMPTED
+    return requeued if topology.launcher is Launcher.SLURM and requeued.is_file() else None

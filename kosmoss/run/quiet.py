@@ -19,6 +19,7 @@ EXPECTED_WARNINGS = (
     ".*all_gather is deprecated.*",
     ".*The `srun` command is available on your system but is not used.*",  # asking isn't using
     ".*is an invalid version and will not be supported.*",
+    ".*Checkpoint directory .* exists and is not empty.*",  # a resume writes where it stopped
 )
 
 

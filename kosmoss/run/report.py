@@ -2,6 +2,7 @@
 summary, written by global zero only."""
 from __future__ import annotations
 
+import json
 import platform
 from pathlib import Path
 from typing import Callable, Optional
@@ -20,9 +21,6 @@ def report(plan: RunPlan, outcome: Outcome, *, echo: Callable[[str], None]) -> d
     if outcome.is_global_zero:
         write_results(result, plan.run_dir, plan.config.result_json)
         echo(summary(result))
-        if outcome.requeued_job:
-            echo(f"requeued Slurm job {outcome.requeued_job}: it resumes from "
-                 f"{plan.run_dir / 'checkpoints'}")
     return result
 
 
@@ -40,9 +38,10 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "train_samples_per_s": meter.samples_per_s,
         "time_to_first_step_s": meter.first_step_s,
         "first_step_unix": meter.first_step_unix,
-        "val_curve": meter.val_curve,
+        "val_curve": earlier_val_curve(plan) + meter.val_curve,
         "peak_host_rss_mib": meter.peak_host_rss_mib,
         "peak_gpu_mib": meter.peak_gpu_mib,
+        "page_faults_per_step": meter.page_faults_per_step,
         **outcome.scores,
         "mean_baseline_loss": mean_baseline_loss(plan.dataset.statistics()),
         "params": outcome.params,
@@ -59,6 +58,18 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "config": config.as_dict(),
         "versions": versions(),
     }
+
+
+def earlier_val_curve(plan: RunPlan) -> list:
+    """A resumed run's curve starts with the points of the attempts before it (their
+    result.json, written when they stopped), up to the step it resumed from."""
+    if plan.resumed_from_step is None:
+        return []
+    try:
+        earlier = json.loads((plan.run_dir / "result.json").read_text()).get("val_curve") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [point for point in earlier if point.get("step", 0) <= plan.resumed_from_step]
 
 
 def topology_fields(plan: RunPlan) -> dict:

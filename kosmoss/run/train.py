@@ -4,17 +4,19 @@ evaluate the final weights exactly.
 Lightning's launcher re-runs the same command for every extra local rank, so this runs in
 every process: each rank records itself (kosmoss.records), trains its share, and only
 global zero writes (Lightning's rank-zero rule).
+
+What a failure leaves is in kosmoss.run.faults (docs/reliability.md).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..data.datamodule import FlattenedDataModule
 from ..data.loading import SPLITS
@@ -25,6 +27,7 @@ from ..errors import RunFailed
 from ..launch import Launcher, cluster_environment
 from ..model import LitMLP
 from .callbacks import GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
+from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .plan import RunPlan
 from .preemption import StopOnSignal
 from .quiet import quiet_lightning
@@ -45,7 +48,9 @@ class Outcome:
     activation_dtype: Optional[str]
     params: int
     stopped_by: Optional[str]
-    requeued_job: Optional[str] = None
+    # Under Slurm, after SIGUSR1: requeue the job (returns its id). Called once the records
+    # and result.json say "stopped": Slurm's SIGTERM to the job's tasks follows at once.
+    requeue: Callable[[], Optional[str]] = lambda: None
     extra: Dict[str, object] = field(default_factory=dict)
 
     @property
@@ -66,7 +71,8 @@ def train(plan: RunPlan) -> Outcome:
                    warmup_start_lr=plan.scaling.base_lr)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
     stopper = StopOnSignal(plan.run_dir / "checkpoints")
-    callbacks = [meter, replicas, probe, stopper, GpuShare(plan.share), Heartbeat(plan.run_dir)]
+    callbacks = [meter, replicas, probe, stopper, GpuShare(plan.share), Heartbeat(plan.run_dir),
+                 DeadRankNamed(plan.run_dir)]
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it
@@ -75,16 +81,16 @@ def train(plan: RunPlan) -> Outcome:
         trainer = build_trainer(plan, callbacks)
         trainer.fit(model, datamodule=datamodule, ckpt_path=plan.resume_from)
         scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule, meter)
-    requeued = stopper.requeue_if_asked() if trainer.is_global_zero else None  # a Slurm job id
-    plan.engine.shutdown()
-    return Outcome(
+    outcome = Outcome(
         is_global_zero=trainer.is_global_zero, global_step=trainer.global_step,
         epochs=trainer.current_epoch, scores={name: scores.get(name) for name in SCORES},
         meter=meter, replica_checksums=replicas.checksums,
         activation_dtype=probe.activation_dtype,
         params=sum(p.numel() for p in model.parameters()), stopped_by=stopper.stopped_by,
-        requeued_job=requeued,
+        requeue=stopper.requeue_if_asked if trainer.is_global_zero else (lambda: None),
     )
+    plan.engine.shutdown()  # last: the trainer's rank questions need the engine up (Horovod)
+    return outcome
 
 
 @contextlib.contextmanager
@@ -115,6 +121,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     # brings its own).
     external = topology.launcher.external and topology.launcher is not Launcher.HOROVODRUN
     environment = [cluster_environment(topology.launcher)] if external else None
+    plugins = [AtomicCheckpointIO()] + (environment or [])
     return pl.Trainer(
         accelerator=plan.policy.accelerator,
         devices=plan.policy.trainer_devices(topology.devices_per_node),
@@ -124,11 +131,11 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         max_steps=config.max_steps,
         precision=config.precision,
         logger=[TensorBoardLogger(plan.run_dir, name="tensorboard", version=""),
-                CSVLogger(plan.run_dir, name="csv", version="")],
+                ContinuedCSVLogger(plan.run_dir, name="csv", version="")],
         callbacks=callbacks,
         # FlattenedDataModule already gives each rank its share of every batch.
         use_distributed_sampler=False,
-        plugins=environment,
+        plugins=plugins,
         log_every_n_steps=min(50, steps_per_epoch),
         enable_progress_bar=config.progress,
         enable_model_summary=False,  # the parameter count is in the summary line
@@ -148,3 +155,4 @@ def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule, meter: ThroughputM
 def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
     value = trainer.callback_metrics.get(name)
     return None if value is None else float(value)
+

@@ -1,4 +1,5 @@
 """slurm/submit.sbatch on a real one-node Slurm, 2 tasks on CPU."""
+import csv
 import json
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import time
 import pytest
 
 from helpers import REPO
+from reliability.fault_helpers import wait_for
 
 
 @pytest.mark.slow
@@ -37,6 +39,15 @@ def test_srun_ntasks_without_per_node_is_a_one_line_error(slurm, shared_home):
     assert len(errors) == 2 and "ask for --ntasks-per-node" in errors[0]
 
 
+def _steps(run_dir):
+    """The step of each rank's heartbeat (kosmoss.diagnose.heartbeat), once both write."""
+    beats = sorted(run_dir.glob("heartbeats/rank-*.json"))
+    try:
+        return [json.loads(path.read_text())["step"] for path in beats] if len(beats) == 2 else []
+    except ValueError:
+        return []
+
+
 def _job_state(job, env):
     out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
                          text=True).stdout
@@ -63,9 +74,12 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
          "100000", "--max-steps", "2000", "--no-progress", "--result-json", str(out)],
         env=env, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     _wait_for(job, env, {"RUNNING"})
-    time.sleep(12)  # let it train
+    run_dir = shared_home / "runs" / f"slurm-{job}"
+    # Past the first epoch's end (26 steps): a validation before the stop.
+    wait_for(lambda: _steps(run_dir) and min(_steps(run_dir)) >= 30, "30 steps on both tasks")
     subprocess.run(["scancel", "--signal", "USR1", job], env=env, check=True)
     _wait_for(job, env, {"PENDING"})  # requeued by kosmoss
+    assert out.is_file(), (tmp_path / "job.out").read_text()[-3000:]
     stopped = json.loads(out.read_text())
     assert stopped["stopped_by"] == "SIGUSR1" and stopped["global_step"] > 0
     # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait.
@@ -76,3 +90,8 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
     assert resumed["run_id"] == f"slurm-{job}" and resumed["stopped_by"] is None
     assert resumed["resumed_from_step"] == stopped["global_step"]
     assert resumed["global_step"] == 2000
+    # The requeued job trained only the remaining steps: metrics.csv goes on, no step twice
+    # (a job that started over would validate at step 26 again).
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        steps = [int(row["step"]) for row in csv.DictReader(handle) if row["val_loss"]]
+    assert steps == sorted(set(steps)) and steps[0] <= stopped["global_step"] < steps[-1], steps

@@ -1,0 +1,187 @@
+"""What a fault leaves behind in a run (docs/reliability.md), as pieces of its Trainer:
+
+- :class:`AtomicCheckpointIO`: a checkpoint is written beside its name and renamed, so a
+  full disk leaves the previous one whole and no truncated file;
+- :class:`ContinuedCSVLogger`: a resumed run appends to its ``csv/metrics.csv``;
+- :class:`DeadRankNamed`: a rank, node or data worker that dies makes the others fail with
+  one line that names it, not a gloo traceback.
+
+    trainer = pl.Trainer(plugins=[AtomicCheckpointIO()], logger=ContinuedCSVLogger(run_dir,
+                         name="csv", version=""), callbacks=[DeadRankNamed(run_dir)])
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.loggers.logger import rank_zero_experiment
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+
+from .. import records
+from ..errors import RunFailed
+
+WAIT_FOR_THE_DEAD_S = 2.0  # a dead peer's sockets close a moment before it is seen dead
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's own save (cloud_io._atomic_save) writes a temporary file in the system's
+    temp folder and moves it: across file systems the move is a copy, which a full disk
+    leaves half done in checkpoints/. Here the file is written beside its name, flushed to
+    disk, then renamed: a checkpoint is whole or absent, and a full disk is one line."""
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        buffer = io.BytesIO()  # serialised first: a write error is then a plain OSError
+        torch.save(checkpoint, buffer)
+        aside = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(aside, "wb") as handle:
+                handle.write(buffer.getbuffer())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(aside, path)
+        except OSError as err:
+            raise RunFailed(f"checkpoint {path} could not be written ({err.strerror or err}); "
+                            f"the previous one is intact: free space in {path.parent}, then "
+                            "resume with --resume") from err
+        finally:
+            aside.unlink(missing_ok=True)  # left only when the write failed
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Lightning deletes an existing metrics.csv when its writer starts; a resumed run
+    continues it instead (its header's columns first, new ones added as Lightning does)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if not self._fs.isfile(self.metrics_file_path):
+            return
+        with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
+            self.metrics_keys = next(csv.reader(handle), [])
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """CSVLogger whose metrics.csv a resumed run appends to (a new run has none)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuedWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class DeadRankNamed(pl.Callback):
+    """A rank that dies (``kill -9``, out of memory) makes the others fail inside a collective
+    with a long gloo traceback. Say who died instead, in one line: the local ranks this
+    process started (their exit status names the signal), else the run's process records.
+    Raised before Lightning's teardown: its child-process observer may SIGKILL this process
+    a few seconds after a child died, and the line must be out first. A peer that was
+    *stopped* (a signal during start-up) stops this rank too, with the same signal."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # gloo's and the DataLoader's errors are RuntimeErrors; others are this rank's own.
+        if not isinstance(exception, RuntimeError):
+            return
+        worker = dead_worker(self.run_dir)
+        if worker:
+            raise RunFailed(f"{worker}; this rank stopped at step {trainer.global_step} (run "
+                            f"{self.run_dir.name})") from exception
+        if trainer.world_size < 2:
+            return
+        dead, peer = self._wait_for_the_dead(trainer)
+        if peer is not None and peer.get("state") == records.STOPPED:
+            signum = getattr(signal, peer.get("signal") or "", signal.SIGTERM)
+            raise records.Stopped(signum, f"stopped with {_describe(peer)}") from exception
+        dead = dead or (_describe(peer) if peer is not None else None)
+        if dead:
+            raise RunFailed(f"{dead}; this rank stopped at step {trainer.global_step} "
+                            f"(run {self.run_dir.name})") from exception
+
+
+    def _wait_for_the_dead(self, trainer) -> Tuple[Optional[str], Optional[dict]]:
+        """A peer's sockets close a moment before its death can be seen (it is not a zombie
+        yet): look again for up to WAIT_FOR_THE_DEAD_S."""
+        deadline = time.monotonic() + WAIT_FOR_THE_DEAD_S
+        while True:
+            dead = dead_child(trainer)
+            peer = None if dead else ended_peer(self.run_dir)
+            if dead or peer is not None or time.monotonic() > deadline:
+                return dead, peer
+            time.sleep(0.1)
+
+
+def dead_child(trainer: pl.Trainer) -> Optional[str]:
+    """A local rank Lightning started from this process that has ended badly."""
+    children = getattr(trainer.strategy.launcher, "procs", None) or []
+    for local_rank, child in enumerate(children, 1):
+        code = child.poll()
+        if code not in (None, 0):
+            rank = trainer.node_rank * trainer.num_devices + local_rank
+            how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
+            return f"rank {rank} (pid {child.pid}) {how}"
+    return None
+
+
+def dead_worker(run_dir: Path) -> Optional[str]:
+    """A data worker forked from this rank, recorded running but gone."""
+    me = records.current()
+    for process in records.read_processes(run_dir) if me is not None else []:
+        worker = records.ProcessId.from_dict(process)
+        if (process.get("role") == "worker" and process.get("parent") == me.me.as_dict()
+                and process.get("state") == records.RUNNING and not worker.is_alive()):
+            return f"a data worker (pid {worker.pid}) of this rank died"
+    return None
+
+
+def ended_peer(run_dir: Path) -> Optional[dict]:
+    """A process of this attempt, on this host, that died (recorded running, gone) or ended
+    stopped or failed while this one still runs."""
+    me = records.current()
+    if me is None:
+        return None
+    for process in records.read_processes(run_dir):
+        peer = records.ProcessId.from_dict(process)
+        if (process.get("role") == "worker" or process.get("host") != records.hostname()
+                or peer == me.me or process.get("launcher") != me.launcher.as_dict()):
+            continue
+        state = process.get("state")
+        if state in (records.STOPPED, records.FAILED) or (
+                state == records.RUNNING and not peer.is_alive()):
+            return process
+    return None
+
+
+def _describe(process: dict) -> str:
+    state = process.get("state")
+    how = "died" if state == records.RUNNING else state
+    return f"{_rank_name(process)} (pid {process['pid']}) {how}"
+
+
+def _rank_name(process: dict) -> str:
+    if process.get("role") == "launcher":
+        return "the launcher"
+    if process.get("rank") is not None:
+        return f"rank {process['rank']}"
+    if not process.get("spawned"):
+        return "rank 0"  # the process the user started, which starts the others
+    where = [f"{word} {process[key]}" for word, key in (("node", "node_rank"),
+                                                        ("local rank", "local_rank"))
+             if process.get(key) is not None]
+    return ", ".join(where) or "a rank"

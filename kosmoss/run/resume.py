@@ -1,0 +1,213 @@
+"""``--resume RUN``: continue a stopped run with its own settings, from its newest
+checkpoint that can be read.
+
+    python trainup_cpu.py --resume 20261122-101500-3f2a1c              # as it was started
+    python trainup_cpu.py --resume 20261122-101500-3f2a1c --max-steps 2000  # and further
+    python trainup_cpu.py --resume ~/.kosmoss/runs/<id>/checkpoints/epoch=3-step=52.ckpt
+
+The stopped run's settings come from its record (``run.json``, else ``result.json``): a
+flag not typed takes the stopped run's value; a typed flag that would change the training
+itself (batch, learning rate, model, data, seed, ...) is a one-line error
+naming both values; a typed flag that only extends or reshapes the work (``--max-steps``,
+``--max-epochs``, the engine or the world size, ...) is an override, printed. A finished run is
+continued only when asked to train further; a run whose processes still live is refused.
+Everything here is read, nothing written.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import FrozenSet, List, Optional, Tuple
+
+from .. import records
+from ..errors import ConfigError
+from .config import RunConfig, run_folder
+from .flags import flag_names
+from .preemption import CHECKPOINT as PREEMPTED
+
+# Settings that make the training what it is: a resume never changes them.
+FIXED = ("batch_size", "lr", "scale_lr", "base_batch_size", "warmup_steps", "dataset", "seed",
+         "hidden", "precision")
+# Settings a resume takes from the stopped run unless a flag says otherwise (then printed).
+# The engine and the world size too: the global batch is fixed, so a checkpoint moves
+# between DDP and Horovod, or to more ranks, and trains on the same way (issue 12).
+CARRIED = ("max_epochs", "max_steps", "mode", "num_workers", "collective_timeout_s", "gpu_ids",
+           "num_processes", "num_nodes", "strategy")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    run_id: str
+    run_dir: Path
+    checkpoint: Path
+    step: int
+    model: Tuple[Optional[int], Tuple[int, ...], Optional[int]]  # the checkpoint's in, hidden, out
+    config: RunConfig  # the stopped run's settings, with the overrides
+    notes: Tuple[str, ...]  # the overrides, said before training
+    stored: dict  # the run's record as found
+
+    def check_model(self, n_x: int, hidden: Tuple[int, ...], n_y: int) -> None:
+        """The dataset (and layers) must be those the checkpoint was trained on."""
+        if self.model != (n_x, tuple(hidden), n_y) and None not in self.model:
+            raise ConfigError("dataset", f"{{field}} {self.config.dataset}: {n_x} features in, "
+                              f"{n_y} out, but the checkpoint of run {self.run_id} has "
+                              f"{self.model[0]} in, {self.model[2]} out; resume with the "
+                              "dataset it was trained on")
+
+    def check_can_continue(self, world_size: int) -> None:
+        """In the process that starts the attempt (the ranks it starts see the run running):
+        the run is not running any more, and a finished run is asked for more. The world size
+        may change (the global batch does not)."""
+        resume = self.config.resume
+        if self.stored.get("state") == records.RUNNING and \
+                records.settle_if_gone(self.run_dir) is None:
+            launcher = (self.stored.get("launcher") or {}).get("pid")
+            raise ConfigError("resume", f"{{field}} {resume}: the run is still running (launcher "
+                              f"pid {launcher}); stop it first (kosmoss ghosts --kill ends "
+                              "ghosts), then resume")
+        if self.stored.get("state") == records.FINISHED:
+            _check_asked_further(resume, self.stored.get("config") or {}, self.config)
+
+
+def find(config: RunConfig) -> ResumePoint:
+    """The resume point of ``config.resume``: the run, its checkpoint and its settings."""
+    run_dir, named = run_folder(config.resume)
+    stored = _stored_run(run_dir)
+    merged, notes = merge(config, stored.get("config") or {}, config.resume)
+    checkpoint, content = readable_checkpoint(run_dir, named, config.resume)
+    hparams = content.get("hyper_parameters") or {}
+    model = (hparams.get("in_channels"), tuple(hparams.get("hidden_channels") or ()),
+             hparams.get("out_channels"))
+    return ResumePoint(run_dir.name, run_dir, checkpoint, int(content["global_step"]), model,
+                       merged, notes, stored)
+
+
+def _stored_run(run_dir: Path) -> dict:
+    """run.json (written when the run started, so a killed run has it); result.json for a
+    run recorded before run.json kept the settings."""
+    stored = records.read_run(run_dir) or {}
+    if not stored.get("config"):
+        try:
+            result = json.loads((run_dir / "result.json").read_text())
+        except (OSError, ValueError):
+            result = {}
+        stored = {**stored, "config": result.get("config"),
+                  "world_size": stored.get("world_size", result.get("world_size"))}
+    return stored
+
+
+def merge(config: RunConfig, stored: dict, resume: str) -> Tuple[RunConfig, Tuple[str, ...]]:
+    """The stopped run's settings, the typed flags on top where allowed."""
+    given = _given(config)
+    changes, notes = {}, []
+    for name in FIXED + CARRIED:
+        if name not in stored:
+            continue
+        theirs, mine = _as_field(name, stored[name]), getattr(config, name)
+        if name not in given or mine == theirs:
+            changes[name] = theirs
+        elif name in FIXED:
+            raise ConfigError(name, f"{{field}} {_show(mine)} contradicts the resumed run's "
+                              f"{{field}} {_show(theirs)} (run {Path(resume).name}): drop "
+                              "{field} to keep it, or start a new run without --resume")
+        else:
+            notes.append(f"resume: {flag_names()[name]} {_show(mine)} (the stopped run had "
+                         f"{_show(theirs)})")
+    return replace(config, **changes), tuple(notes)
+
+
+def _given(config: RunConfig) -> FrozenSet[str]:
+    if config.given is not None:
+        return config.given
+    defaults = RunConfig()  # a call from code: what differs from the defaults was meant
+    return frozenset(f.name for f in fields(RunConfig)
+                     if getattr(config, f.name) != getattr(defaults, f.name))
+
+
+def _as_field(name: str, value):
+    if name in ("hidden", "gpu_ids") and value is not None:
+        return tuple(value)  # JSON has lists where the configuration has tuples
+    return value
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(str, value)) if value else "()"
+    return str(value)
+
+
+def _check_asked_further(resume: str, stored: dict, merged: RunConfig) -> None:
+    """A finished run is modified only when the resume asks for more training."""
+    steps, epochs = stored.get("max_steps", -1), stored.get("max_epochs", 0)
+    more_steps = steps != -1 and (merged.max_steps == -1 or merged.max_steps > steps)
+    further = merged.max_epochs > epochs or more_steps
+    if not further:
+        raise ConfigError("resume", f"{{field}} {resume}: the run finished; to train it further "
+                          "give a larger --max-epochs or --max-steps than it had "
+                          f"({stored.get('max_epochs')} epochs, max steps "
+                          f"{stored.get('max_steps')})")
+
+
+def readable_checkpoint(run_dir: Path, named: Optional[Path], resume: str) -> Tuple[Path, dict]:
+    """The checkpoint to resume from and its content: the one named, else the furthest of
+    ``preempted.ckpt`` (saved at the stop, mid-epoch) and ``last.ckpt`` (saved after each
+    validation, also the one after a stop): on a tie the preempted one, whose loop state is
+    the step's. One that cannot be read is a one-line error naming one that can."""
+    candidates = [named] if named else _resumable(run_dir)
+    if not candidates:
+        raise ConfigError("resume", f"{{field}} {resume}: no checkpoints/{PREEMPTED} or "
+                          f"last.ckpt in {run_dir}; nothing to resume")
+    loaded = []
+    for path in candidates:
+        try:
+            loaded.append((path, load(path)))
+        except Exception as err:  # torch raises many kinds for a truncated or damaged file
+            raise _unreadable(resume, run_dir, path, err) from None
+    return max(loaded, key=lambda item: int(item[1]["global_step"]))  # max keeps the first
+
+
+def _unreadable(resume: str, run_dir: Path, path: Path, err: Exception) -> ConfigError:
+    first = str(err).split(". ")[0].splitlines()[0] if str(err) else ""
+    reason = f"{type(err).__name__}: {first}"[:120]
+    fallback = next((other for other in _all_checkpoints(run_dir)
+                     if other != path and _readable(other)), None)
+    how = (f"resume from an older checkpoint with --resume {fallback}" if fallback else
+           "no other checkpoint of this run can be read: start a new run")
+    return ConfigError("resume", f"{{field}} {resume}: checkpoints/{path.name} cannot be read "
+                       f"({reason}); {how}")
+
+
+def load(path: Path) -> dict:
+    """A checkpoint's content, on CPU (whichever device saved it)."""
+    import torch
+
+    content = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(content, dict) or "global_step" not in content:
+        raise ValueError("not a Lightning checkpoint")
+    return content
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(load(path)["global_step"])
+
+
+def _readable(path: Path) -> bool:
+    try:
+        load(path)
+        return True
+    except Exception:
+        return False
+
+
+def _resumable(run_dir: Path) -> List[Path]:
+    folder = run_dir / "checkpoints"
+    return [p for p in (folder / PREEMPTED, folder / "last.ckpt") if p.is_file()]
+
+
+def _all_checkpoints(run_dir: Path) -> List[Path]:
+    """Every checkpoint of the run: the resumable ones, then the best, newest first."""
+    folder = run_dir / "checkpoints"
+    best = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    resumable = _resumable(run_dir)
+    return resumable + [p for p in best if p not in resumable]

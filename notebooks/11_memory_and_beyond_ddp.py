@@ -1,0 +1,466 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 11 — Memory, and beyond data parallelism
+#
+# **What you will learn**
+#
+# - where the memory of a training step goes — parameters, gradients, Adam's two states,
+#   and the activations autograd keeps for backward — computed for this model and for one
+#   a thousand times larger, and checked against what a real step allocates;
+# - gradient accumulation: the step of a large batch, taken in micro-batches that fit;
+# - what `bf16` mixed precision halves, and what it does not;
+# - ZeRO-1 (stage one of ZeRO) with `torch.distributed.optim.ZeroRedundancyOptimizer`:
+#   each rank keeps only its share of the optimizer state, and the weights stay DDP's;
+# - FSDP (Lightning's `FSDPStrategy`) for the parameters and gradients too; what comes
+#   when even that is not enough: tensor, pipeline and model parallelism.
+#
+# Time: ~40 min; the cells run in ~1 min on 2 CPU cores
+
+# %%
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from kosmoss.launch import free_port
+from kosmoss.model import mlp
+
+scratch = Path(tempfile.mkdtemp(prefix="lesson11-"))
+N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
+
+
+def mib(nbytes):
+    return f"{nbytes / 2**20:,.2f} MiB"
+
+
+# %% [markdown]
+# ## Where training memory goes
+#
+# One training step with Adam in float32 holds, for `P` parameters:
+#
+# | what | bytes | why |
+# |---|---|---|
+# | parameters | `4P` | the weights |
+# | gradients | `4P` | one per weight, filled by backward |
+# | Adam's states | `8P` | `exp_avg` and `exp_avg_sq`, one each per weight |
+# | activations | `4 × A × batch` | what forward saves for backward, `A` numbers per sample |
+#
+# The first three do not depend on the batch: `16P` bytes. For an MLP, what forward saves
+# per sample is the input, each hidden layer's output before and after its activation
+# function (SiLU needs its input to compute its gradient), the prediction and the target:
+# `A = n_x + 2 × (sum of the hidden widths) + 2 × n_y`. The cell computes both, then
+# measures a real step: the sizes of the parameters, the gradients and the optimizer
+# state after `optimizer.step()`, and every tensor autograd saved (through
+# `torch.autograd.graph.saved_tensors_hooks`), the parameters themselves excepted.
+
+# %%
+def arithmetic(n_x, hidden, n_y, batch):
+    params = sum(a * b + b for a, b in zip((n_x, *hidden), (*hidden, n_y)))
+    per_sample = n_x + 2 * sum(hidden) + 2 * n_y
+    return {"parameters": 4 * params, "gradients": 4 * params, "Adam states": 8 * params,
+            "activations": 4 * per_sample * batch}
+
+
+def measured_step(model, batch, autocast=False):
+    """Bytes of one Adam step, by tensor sizes; on the meta device nothing is allocated."""
+    device = next(model.parameters()).device
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    x = torch.randn(batch, linears[0].in_features, device=device)
+    y = torch.randn(batch, linears[-1].out_features, device=device)
+    params = {id(p) for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        base = tensor._base if tensor._base is not None else tensor
+        if id(base) not in params:  # a weight (or its transpose) is not an activation
+            key = id(tensor) if tensor.is_meta else tensor.untyped_storage().data_ptr()
+            saved[key] = (tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cuda" if device.type == "cuda" else "cpu", dtype=torch.bfloat16,
+                            enabled=autocast):
+            out = model(x)
+        torch.nn.functional.mse_loss(out.float(), y).backward()
+    optimizer = torch.optim.Adam(model.parameters())
+    optimizer.step()
+    return {"parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "gradients": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()),
+            "Adam states": sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                               for name, v in s.items() if name != "step"),
+            "activations": sum(nbytes for _, _, nbytes in saved.values()),
+            "saved": list(saved.values())}
+
+
+BATCH = 256
+computed = arithmetic(N_X, HIDDEN, N_Y, BATCH)
+torch.manual_seed(0)
+measured = measured_step(mlp(N_X, HIDDEN, N_Y), BATCH)
+for part in computed:
+    print(f"{part:>12}: computed {mib(computed[part]):>12}, measured {mib(measured[part]):>12}")
+    assert computed[part] == measured[part], part
+total = sum(computed.values())
+print(f"{'total':>12}: {mib(total)} at batch {BATCH}; "
+      f"activations per sample {computed['activations'] / BATCH / 1024:.1f} KiB")
+
+# %% [markdown]
+# Every line matches to the byte. For this model all of it is a few MiB: memory is not
+# what limits it, on any device (from a few hundred columns per batch on, the activations
+# are the larger part: the first exercise). Now a model a thousand times larger — the
+# same shape, wider hidden layers. The cell finds the width, builds the model on PyTorch's **meta** device (tensors with a shape
+# and a dtype but no storage: nothing is allocated), and runs the same measured step on it.
+
+# %%
+params_small = computed["parameters"] // 4
+width = 100
+while sum(a * b + b for a, b in zip((N_X, width, width, width), (width, width, width, N_Y))) \
+        < 1000 * params_small:
+    width += 1
+big_hidden = (width,) * 3
+with torch.device("meta"):
+    big = mlp(N_X, big_hidden, N_Y)
+big_computed = arithmetic(N_X, big_hidden, N_Y, BATCH)
+big_measured = measured_step(big, BATCH)
+params_big = big_computed["parameters"] // 4
+print(f"hidden width {width}: {params_big:,} parameters, {params_big / params_small:.0f}x")
+for part in big_computed:
+    print(f"{part:>12}: computed {mib(big_computed[part]):>14}, measured on meta "
+          f"{mib(big_measured[part]):>14}")
+    assert big_computed[part] == big_measured[part], part
+fixed_big = 16 * params_big
+print(f"parameters + gradients + Adam: {fixed_big / 2**30:.1f} GiB, whatever the batch; "
+      f"activations {big_computed['activations'] / BATCH / 2**10:.0f} KiB per sample")
+
+# %% [markdown]
+# Scaling the parameters by a thousand scales the fixed part by as much; the activations
+# per sample grow only with the widths. A model that size trains on one large GPU, but
+# its `16P` bytes no longer leave room for much else on a small one: this is where the
+# rest of the lesson starts.
+#
+# ## Gradient accumulation: a large batch on a small device
+#
+# Backward **adds** into `.grad`. Run the model on `k` slices of the batch, call backward
+# on each slice's loss divided by `k`, and only then step: the gradient is that of the
+# whole batch (the mean over the batch is the mean of the slices' means), while only one
+# slice's activations are alive at a time. Lightning does it with
+# `Trainer(accumulate_grad_batches=k)`, and under DDP it skips the all-reduce of the
+# micro-batches that do not end in a step (`DDP.no_sync`, through the strategy's
+# `block_backward_sync`).
+
+# %%
+MICRO = 4
+torch.manual_seed(1)
+x, y = torch.randn(BATCH, N_X), torch.randn(BATCH, N_Y)
+torch.manual_seed(0)
+whole = mlp(N_X, HIDDEN, N_Y)
+accumulated = copy.deepcopy(whole)  # the same weights
+torch.nn.functional.mse_loss(whole(x), y).backward()
+for x_part, y_part in zip(x.chunk(MICRO), y.chunk(MICRO)):
+    (torch.nn.functional.mse_loss(accumulated(x_part), y_part) / MICRO).backward()
+gap = max((a.grad - b.grad).abs().max().item()
+          for a, b in zip(whole.parameters(), accumulated.parameters()))
+slice_activations = measured_step(copy.deepcopy(whole), BATCH // MICRO)["activations"]
+print(f"gradient of {MICRO} micro-batches of {BATCH // MICRO} vs one batch of {BATCH}: "
+      f"largest difference {gap:.1e}")
+print(f"activations alive at once: {mib(slice_activations)} instead of "
+      f"{mib(computed['activations'])}")
+assert gap < 1e-6 and slice_activations * MICRO == computed["activations"]
+
+# %% [markdown]
+# The price is time: `k` forward and backward passes of a smaller batch, each using the
+# device less well. Accumulation changes the *effective* batch, not the number of samples
+# per second — and with it the learning rate questions of lesson 4.
+#
+# ## bf16: what it halves
+#
+# `bfloat16` keeps float32's exponent range with fewer bits of mantissa: two bytes a
+# number. With `--precision bf16-mixed` (Lightning's `MixedPrecision`, `torch.autocast`)
+# the matrix products run in bf16, so their outputs — the activations — take half the
+# bytes. The parameters, the gradients and Adam's states stay float32: mixed precision
+# halves the activations, not the `16P`. Autocast also keeps a bf16 copy of each weight
+# it multiplies by, for backward. The measurement, the same step with autocast (on CPU
+# too: bf16 is a CPU type as well):
+
+# %%
+torch.manual_seed(0)
+mixed = measured_step(mlp(N_X, HIDDEN, N_Y), BATCH, autocast=True)
+per_batch = [s for s in mixed["saved"] if s[0][0] == BATCH]
+copies = [s for s in mixed["saved"] if s[0][0] != BATCH]
+batch_bf16 = sum(n for _, dtype, n in per_batch if dtype == torch.bfloat16)
+batch_fp32 = sum(n for _, dtype, n in per_batch if dtype == torch.float32)
+print(f"fp32 step: activations {mib(measured['activations'])}")
+print(f"bf16-mixed: activations {mib(batch_bf16 + batch_fp32)} ({mib(batch_bf16)} in bf16, "
+      f"{mib(batch_fp32)} in float32: the loss's prediction and target), plus "
+      f"{mib(sum(n for *_, n in copies))} of bf16 weight copies")
+for part in ("parameters", "gradients", "Adam states"):
+    assert mixed[part] == measured[part], part
+expected_bf16 = 2 * BATCH * (N_X + 2 * sum(HIDDEN))
+assert batch_bf16 == expected_bf16 and batch_fp32 == 4 * BATCH * 2 * N_Y
+print(f"activations bf16-mixed / fp32: {(batch_bf16 + batch_fp32) / measured['activations']:.2f}")
+
+# %% [markdown]
+# With Lightning's `bf16-true` (the weights themselves in bf16) the parameters and gradients halve
+# too, at the cost of precision in the weights' updates; optimizers that keep a float32
+# master copy of the weights give part of that back.
+#
+# ## ZeRO-1: each rank keeps its share of the optimizer state
+#
+# Under DDP every rank holds the same Adam states: with `N` ranks, `N` copies of `8P`
+# bytes. ZeRO-1, the first stage of ZeRO (Rajbhandari et al., 2020), shards them: each
+# rank updates only its share of the parameters, with the states of that share, and then
+# broadcasts them, so all ranks end with the same weights. PyTorch's
+# `ZeroRedundancyOptimizer` wraps any optimizer that way. Two gloo ranks, DDP with Adam and DDP with
+# `ZeroRedundancyOptimizer(Adam)`, three steps each from the same start on the same
+# data; then the same with a model made of eight equal layers.
+
+
+# %%
+def state_bytes(optimizer):
+    return sum(v.numel() * v.element_size() for s in optimizer.state.values()
+               for name, v in s.items() if name != "step")
+
+
+def ddp_versus_zero(rank, world_size, port):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)  # a forked child must not reuse the kernel's OpenMP threads
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    models = {"MLP": lambda: mlp(N_X, HIDDEN, N_Y),
+              "8 equal layers": lambda: torch.nn.Sequential(
+                  *[torch.nn.Linear(256, 256) for _ in range(8)])}
+    report = {}
+    for name, build in models.items():
+        weights, kept = {}, {}
+        for kind in ("Adam", "ZeRO-1"):
+            torch.manual_seed(0)
+            net = build()
+            ddp = DistributedDataParallel(net)
+            if kind == "Adam":
+                optimizer = local = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+            else:
+                optimizer = ZeroRedundancyOptimizer(ddp.parameters(),
+                                                    optimizer_class=torch.optim.Adam, lr=1e-3)
+                local = optimizer.optim  # the Adam of this rank's share
+            data = torch.Generator().manual_seed(rank)
+            for _ in range(3):
+                x = torch.randn(32, net[0].in_features, generator=data)
+                y = torch.randn(32, net[-1].out_features, generator=data)
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                optimizer.step()
+            weights[kind] = torch.cat([p.detach().flatten() for p in net.parameters()])
+            kept[kind] = state_bytes(local)
+        report[name] = {"kept": kept, "largest": max(p.numel() for p in build().parameters()),
+                        "difference": (weights["Adam"] - weights["ZeRO-1"]).abs().max().item()}
+    (scratch / f"zero-rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+mp.start_processes(ddp_versus_zero, args=(2, free_port()), nprocs=2, start_method="fork")
+zero = [json.loads((scratch / f"zero-rank{r}.json").read_text()) for r in range(2)]
+for name in zero[0]:
+    full = zero[0][name]["kept"]["Adam"]
+    shares = [r[name]["kept"]["ZeRO-1"] for r in zero]
+    print(f"{name}: Adam state per rank {mib(full)} with DDP; with ZeRO-1 rank 0 "
+          f"{mib(shares[0])} ({shares[0] / full:.0%}), rank 1 {mib(shares[1])} "
+          f"({shares[1] / full:.0%}); weights vs DDP's: largest difference "
+          f"{max(r[name]['difference'] for r in zero):.1e}")
+    assert sum(shares) == full and max(r[name]["difference"] for r in zero) == 0.0
+equal = [r["8 equal layers"]["kept"]["ZeRO-1"] for r in zero]
+assert equal[0] == equal[1] == zero[0]["8 equal layers"]["kept"]["Adam"] // 2
+mlp_share = max(r["MLP"]["kept"]["ZeRO-1"] for r in zero) / zero[0]["MLP"]["kept"]["Adam"]
+print(f"the MLP's largest rank keeps {mlp_share:.0%} of the state: its first layer's weight, "
+      f"{zero[0]['MLP']['largest']:,} of {params_small:,} parameters, cannot be split")
+
+# %% [markdown]
+# The weights are bit for bit those of DDP with Adam: the same updates, computed once
+# instead of on every rank. The states are halved exactly for the model of equal layers.
+# For this MLP they are not: `ZeroRedundancyOptimizer` gives **whole parameters** to the
+# ranks (largest first, each to the rank with the least so far), and the first layer's
+# weight is most of the model. DeepSpeed's ZeRO and PyTorch's FSDP flatten the parameters
+# and cut the flat buffer evenly instead.
+#
+# ## FSDP: the parameters and gradients too
+#
+# ZeRO-2 also shards the gradients (each rank keeps the reduced gradients of its share:
+# a reduce-scatter instead of an all-reduce), and ZeRO-3 — PyTorch's **Fully Sharded
+# Data Parallel** — the parameters themselves: each layer's weights are all-gathered just
+# before its forward and backward, and freed after. Per rank, the `16P` bytes become
+# about `16P / N`, for about one and a half times DDP's communication. In Lightning it is
+# `Trainer(strategy=FSDPStrategy(...))`. The cell runs only on a machine with a GPU, the
+# setting FSDP is made for: a short FSDP run of the MLP, with
+# `torch.cuda.max_memory_allocated` on each rank, and a plain step's peak against the
+# arithmetic. This course has no recorded result of it yet.
+
+# %%
+import textwrap
+
+from kosmoss.lessons import sh
+
+gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA
+if gpus:
+    fsdp_script = scratch / "fsdp_run.py"
+    fsdp_script.write_text(textwrap.dedent(f"""
+        import json, sys, torch, pytorch_lightning as pl
+        from pytorch_lightning.strategies import FSDPStrategy
+        from kosmoss.model import mlp
+
+        class Net(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = mlp({N_X}, {HIDDEN}, {N_Y})
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+            def configure_optimizers(self):
+                return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+        data = torch.utils.data.TensorDataset(torch.randn(4096, {N_X}), torch.randn(4096, {N_Y}))
+        trainer = pl.Trainer(accelerator="gpu", devices={min(gpus, 2)}, max_steps=10,
+                             strategy=FSDPStrategy(), logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False)
+        trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size={BATCH}))
+        print(json.dumps({{"rank": trainer.global_rank,
+                           "max_memory_allocated": torch.cuda.max_memory_allocated()}}))
+    """))
+    sh([sys.executable, fsdp_script])
+    torch.manual_seed(0)
+    on_gpu = mlp(N_X, HIDDEN, N_Y).cuda()
+    torch.cuda.reset_peak_memory_stats()
+    measured_step(on_gpu, BATCH)
+    print(f"one GPU, plain Adam step: max_memory_allocated {mib(torch.cuda.max_memory_allocated())}"
+          f", arithmetic {mib(total)} (plus the batch itself and the allocator's rounding)")
+else:
+    print("no GPU here: the FSDP run and torch.cuda.max_memory_allocated are skipped")
+
+# %% [markdown]
+# ## With a GPU
+#
+# Everything above holds on a GPU, where memory is scarcer: `torch.cuda.max_memory_allocated`
+# measures the step (the cell above), bf16 runs on the tensor cores, and FSDP needs one GPU
+# per rank. The arithmetic does not change; the device's memory sets which line of it
+# matters first.
+#
+# ## When data parallelism is not enough
+#
+# Every method so far keeps a whole layer's computation on one device. When one layer's
+# weights or activations do not fit, or the batch per device cannot shrink any more,
+# the model itself is cut (named here, not taught):
+#
+# ```
+#  data parallel (DDP, ZeRO, FSDP)      tensor parallel                pipeline parallel
+#  the batch is split                   each layer is split            the layers are split
+#
+#  GPU0: [L1 L2 L3 L4] ← batch 0       GPU0: [L1a L2a L3a L4a]        GPU0: [L1 L2] → GPU1: [L3 L4]
+#  GPU1: [L1 L2 L3 L4] ← batch 1       GPU1: [L1b L2b L3b L4b]          micro-batches flow through
+#   all-reduce of the gradients         all-reduce inside every         the stages; "bubbles" when
+#   once per step                       layer, every step: needs        a stage waits for the one
+#                                       NVLink-class links              before it
+# ```
+#
+# *Model parallelism* is the general name for cutting the model; **tensor parallelism**
+# (Megatron-LM) splits each matrix product across devices within a node, **pipeline
+# parallelism** (GPipe) puts consecutive layers on consecutive devices. Large trainings
+# combine all three with data parallelism ("3D parallelism"). For the radiation MLP none
+# is needed: its `16P` bytes are a few megabytes.
+#
+# ## Exercises
+#
+# 1. Run `measured_step` at batch one and at batch four thousand: at which batch do the
+#    activations pass the batch-independent part for this model?
+# 2. In `ddp_versus_zero`, build `ZeroRedundancyOptimizer` with `parameters_as_bucket_view=True`.
+#    Does the split of the MLP's state change, and why (or why not)?
+# 3. With `N` ranks, how many bytes per rank does each ZeRO stage keep for the
+#    model a thousand times larger (Adam, float32)?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# # 1. 16P = 7.8 MB; activations are 23,328 bytes a sample: from about 336 samples on.
+# print(16 * params_small / (computed["activations"] / BATCH))
+# # 2. No: bucket views change how the parameters are stored for the broadcasts, not how
+# #    they are assigned to ranks (whole parameters, greedily by size).
+# # 3. ZeRO-1: 4P + 4P + 8P/N; ZeRO-2: 4P + (4P + 8P)/N; ZeRO-3 (FSDP): 16P/N,
+# #    plus the activations and the layer being gathered.
+# for n in (2, 8, 64):
+#     print(n, (8 + 8 / n) * params_big / 2**30, (4 + 12 / n) * params_big / 2**30,
+#           16 * params_big / n / 2**30)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercises checked by code
+#
+# Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 11` checks every exercise of this lesson in your saved notebook.
+
+# %% [markdown]
+# **Take one optimizer step on a large batch from micro-batches (gradient accumulation).**
+#
+# Write `accumulated_step(model, optimizer, x, y, micro_batches)`. It must take exactly the
+# optimizer step that one forward and backward of the mean-squared-error loss on the whole
+# batch `(x, y)` followed by `optimizer.step()` would take — but run the model on
+# `micro_batches` equal slices of the batch, one after the other, so that only one slice's
+# activations are in memory at a time. The batch size is a multiple of `micro_batches`.
+# Start from zeroed gradients. The checker compares your weights after the step with the
+# full batch's (plain SGD, so that any scale error shows), and watches the size of every
+# forward pass.
+
+# %%
+# exercise: 11.accumulate
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    """One optimizer step on (x, y), computed in micro_batches slices."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("11.accumulate", globals())
+
+# %% [markdown]
+# **Write a ZeRO-1 optimizer step: each rank keeps and updates only its share.**
+#
+# Write `zero1_step(params, state, lr)`. It is called on every rank after backward, when
+# every parameter's `.grad` already holds the gradient averaged over the ranks (DDP did
+# that), so all ranks hold the same parameters and gradients. It must apply SGD with
+# momentum `0.9` — for each parameter, `buf = 0.9 * buf + grad` (`buf` starts at zero),
+# then `param -= lr * buf` — but sharded as ZeRO stage 1 does: parameter `i` of `params`
+# belongs to rank `i % world_size` (`params` come sorted by size, largest first, so that
+# this spreads the bytes); a rank keeps the momentum buffers of its own
+# parameters only (in `state`, a dict you fill, kept between calls), updates only those,
+# and then every parameter is broadcast from the rank that owns it, so that all ranks end
+# with the same weights. The checker runs three steps in two gloo processes and compares
+# with `torch.optim.SGD(momentum=0.9)` on one process, and measures what each rank keeps
+# in `state`.
+
+# %%
+# exercise: 11.zero1_step
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    """SGD with momentum 0.9, each rank owning parameters i % world_size == rank."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("11.zero1_step", globals())

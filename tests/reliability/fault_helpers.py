@@ -1,0 +1,108 @@
+"""Start a training run as a user would, wait for what it writes (never a fixed sleep), and
+find every process of it: the tools of the fault tests (docs/reliability.md)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import psutil
+
+from helpers import REPO
+
+MARKER_TIMEOUT_S = 240  # a loaded 2-core machine takes a while to import torch twice
+LEAKED = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "KOSMOSS_RUN_ID", "KOSMOSS_RUN_LAUNCHER",
+          "NODE_RANK", "MASTER_PORT", "MASTER_ADDR")
+
+
+def start(home: Path, dataset: Path, *args: str, script: str = "trainup_cpu.py",
+          new_session: bool = False) -> subprocess.Popen:
+    """trainup_cpu.py on ``dataset`` with its own KOSMOSS_HOME, training until stopped;
+    stdout and stderr go to files beside the home (a pipe nobody reads could block it)."""
+    env = {**os.environ, "KOSMOSS_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    for name in LEAKED:
+        env.pop(name, None)
+    home.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, script, "--dataset", str(dataset), "--no-progress",
+               "--batch-size", "64", "--max-epochs", "100000", *args]
+    return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=new_session,
+                            stdout=open(home.parent / f"{home.name}.out", "w"),
+                            stderr=open(home.parent / f"{home.name}.err", "w"))
+
+
+def stderr_of(home: Path) -> str:
+    return (home.parent / f"{home.name}.err").read_text()
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = MARKER_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_dir(home: Path) -> Optional[Path]:
+    runs = sorted((home / "runs").glob("*/")) if (home / "runs").is_dir() else []
+    return runs[-1] if runs else None
+
+
+def records(home: Path) -> List[dict]:
+    folder = run_dir(home)
+    found = []
+    for path in sorted(folder.glob("processes/*.json")) if folder else []:
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return found
+
+
+def heartbeat_steps(home: Path) -> Dict[int, int]:
+    """Global rank -> the step its heartbeat last said (kosmoss.diagnose.heartbeat)."""
+    folder = run_dir(home)
+    steps = {}
+    for path in sorted(folder.glob("heartbeats/rank-*.json")) if folder else []:
+        try:
+            beat = json.loads(path.read_text())
+        except ValueError:
+            continue
+        steps[beat["rank"]] = beat["step"]
+    return steps
+
+
+def trained(home: Path, ranks: int, step: int) -> bool:
+    steps = heartbeat_steps(home)
+    return len(steps) == ranks and min(steps.values()) >= step
+
+
+def processes_of(home: Path) -> List[psutil.Process]:
+    """Every live process whose environment points at this KOSMOSS_HOME: ranks, nodes,
+    data workers (forked: they keep their rank's environment)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("KOSMOSS_HOME") == str(home) and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def end_all(home: Path, launcher: subprocess.Popen) -> None:
+    """Clean-up after a test: this test's processes only, by pid."""
+    for proc in processes_of(home):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    if launcher.poll() is None:
+        launcher.kill()
+    launcher.wait()

@@ -1,0 +1,65 @@
+"""Bad input is one line and exit 2, found before anything heavy or anything written: flag
+errors before torch is imported (under a second), a KOSMOSS_HOME that cannot be written
+before the run starts."""
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, run_script
+
+
+def _imported_modules(args):
+    """Run a launcher with ``-X importtime``: the modules it imported, and its result."""
+    env = {**os.environ, "KOSMOSS_HOME": "/nonexistent-kosmoss-home"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+               if line.startswith("import time:")}
+    return proc, modules, [line for line in proc.stderr.splitlines()
+                           if not line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("args, names", [
+    (["trainup_cpu.py", "--batch-size", "x"], "argument --batch-size: invalid int value"),
+    (["trainup_cpu.py", "--lr", "0"], "--lr 0.0: the learning rate must be a number > 0"),
+    (["trainup_gpu.py", "--gpus", "0"], "--gpus 0: must be >= 1"),
+    (["trainup_cpu.py", "--resume", "nope"], "--resume nope: no such run"),
+    (["-m", "kosmoss", "train", "--max-epochs", "0"], "--max-epochs 0: must be >= 1"),
+])
+def test_usage_errors_come_before_torch_is_imported(args, names):
+    proc, modules, errors = _imported_modules(args)
+    assert proc.returncode == 2 and len(errors) == 1 and names in errors[0], errors
+    assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
+
+
+@contextlib.contextmanager
+def _read_only_folder(path):
+    """A read-only file system (root ignores permission bits), else a folder without write
+    permission."""
+    path.mkdir()
+    if os.geteuid() == 0 and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)]).returncode == 0:
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", str(path)], check=True)
+        return
+    path.chmod(0o555)
+    try:
+        yield path
+    finally:
+        path.chmod(0o755)
+
+
+def test_a_read_only_kosmoss_home_is_one_line(shared_home, tmp_path):
+    with _read_only_folder(tmp_path / "home") as home:
+        proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                           "--max-steps", "2"], home, timeout=120)
+        assert not any(home.iterdir())
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"KOSMOSS_HOME {home}: {home} cannot be written" in lines[0]
+    assert "set KOSMOSS_HOME to a folder you can write" in lines[0]

@@ -1,0 +1,75 @@
+"""A resume takes the run's settings from its record, refuses a flag that contradicts them
+(one line naming both values), never touches a finished run unless asked to train further,
+names a readable checkpoint when the newest one is corrupt, and appends to the run's
+metrics and validation curve."""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_script
+from kosmoss.errors import ConfigError
+from kosmoss.run import RunConfig
+from kosmoss.run.flags import in_flag_terms
+
+
+def _run(home, *args):
+    return run_script(["trainup_cpu.py", "--no-progress", *args], home, timeout=300)
+
+
+def _snapshot(folder: Path):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(home, monkeypatch, expected, **flags):
+    """What ``trainup_cpu.py --resume ...`` says (in this process: the same prepare())."""
+    from kosmoss.run.plan import prepare
+
+    monkeypatch.setenv("KOSMOSS_HOME", str(home))
+    with pytest.raises(ConfigError) as refused:
+        prepare(RunConfig(**flags, given=frozenset(flags)))
+    message = in_flag_terms(refused.value)
+    assert expected in message, message
+    return message
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
+        shared_home, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    first = _run(home, "--dataset", str(shared_home / "data" / "tiny"), "--batch-size", "64",
+                 "--hidden", "16", "--max-steps", "30")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = next((home / "runs").iterdir())
+    run_id, before = run_dir.name, _snapshot(run_dir)
+    metrics_before = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
+
+    _refused(home, monkeypatch, f"--hidden 50 contradicts the resumed run's --hidden 16 (run "
+             f"{run_id})", resume=run_id, hidden=(50,))
+    _refused(home, monkeypatch, "the run finished; to train it further give a larger "
+             "--max-epochs or --max-steps", resume=run_id)
+    assert _snapshot(run_dir) == before  # run.json still finished, metrics.csv intact
+
+    last = run_dir / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a torn write
+    best = next((run_dir / "checkpoints").glob("epoch=*.ckpt"))
+    _refused(home, monkeypatch, "checkpoints/last.ckpt cannot be read (", resume=run_id,
+             max_steps=60)
+    _refused(home, monkeypatch, f"resume from an older checkpoint with --resume {best}",
+             resume=run_id, max_steps=60)
+
+    resumed = _run(home, "--resume", str(best), "--max-steps", "60")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume: --max-steps 60 (the stopped run had 30)" in resumed.stdout
+    result = json.loads((run_dir / "result.json").read_text())
+    stop = result["resumed_from_step"]
+    assert (result["global_step"], result["world_size"], result["config"]["hidden"],
+            result["config"]["batch_size"]) == (60, 1, [16], 64)  # from the record
+    steps = [point["step"] for point in result["val_curve"]]
+    assert steps[0] <= stop < steps[1] and steps == sorted(steps) and steps[-1] == 60
+    metrics = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
+    assert metrics[:len(metrics_before)] == metrics_before and len(metrics) > len(metrics_before)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "finished" and record["attempts"][-1]["state"] == "finished"

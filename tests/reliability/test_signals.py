@@ -1,0 +1,51 @@
+"""Signals before training can checkpoint stop the run cleanly: one line, exit 128 + the
+signal's number, run.json ``stopped``, nothing left running. (Signals during training:
+tests/test_trainup_cpu.py, they checkpoint and resume bit for bit.)"""
+import os
+import signal
+
+import pytest
+
+from fault_helpers import (end_all, processes_of, records, run_dir, start, stderr_of, trained,
+                           wait_for)
+from kosmoss import records as run_records
+
+
+def _one_line(home, expected):
+    err = stderr_of(home)
+    lines = [line for line in err.splitlines() if line.startswith("trainup_cpu.py:")]
+    assert len(lines) == 1 and expected in lines[0], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_ranks_meet_stops_the_run(shared_home, tmp_path):
+    home = tmp_path / "home"
+    launcher = start(home, shared_home / "data" / "tiny", "--num-processes", "2")
+    try:
+        # Rank 1 has recorded itself: it now joins the process group; no step was trained.
+        wait_for(lambda: any(r.get("local_rank") == 1 for r in records(home)), "rank 1's record")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=120) == 128 + signal.SIGTERM
+        _one_line(home, "stopped by SIGTERM before a checkpoint could be saved")
+        assert run_records.read_run(run_dir(home))["state"] == run_records.STOPPED
+        assert {r["state"] for r in records(home)} == {run_records.STOPPED}  # rank 1 too
+        wait_for(lambda: not processes_of(home), "the ranks to end", timeout=10)
+    finally:
+        end_all(home, launcher)
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_recorded_stopped_with_exit_code_130(shared_home, tmp_path):
+    home = tmp_path / "home"
+    launcher = start(home, shared_home / "data" / "tiny", new_session=True)
+    try:
+        wait_for(lambda: trained(home, ranks=1, step=1), "a trained step")
+        os.killpg(launcher.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        assert launcher.wait(timeout=120) == 128 + signal.SIGINT
+        _one_line(home, "stopped by SIGINT")
+        record = run_records.read_run(run_dir(home))
+        assert record["state"] == run_records.STOPPED, record
+        wait_for(lambda: not processes_of(home), "the data workers to end", timeout=10)
+    finally:
+        end_all(home, launcher)

@@ -1,0 +1,106 @@
+"""How often StopOnSignal's ranks agree on the stop flag: about once a second, never every
+step, and always at the same step on every rank (else the collective would hang).
+
+Two ranks are two threads whose ``strategy.reduce`` is a real max all-reduce through a
+barrier: a rank that called it at another step than its peer would time out here."""
+import signal
+import threading
+from types import SimpleNamespace
+
+import torch
+
+from kosmoss.run import preemption
+from kosmoss.run.preemption import StopOnSignal
+
+
+class World:
+    """A max all-reduce between ``size`` threads, and each thread's own clock."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier = threading.Barrier(size, timeout=10)
+        self.slots = [None] * size
+        self.clock = threading.local()
+
+    def reduce(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        self.slots[rank] = tensor.clone()
+        self.barrier.wait()
+        reduced = torch.stack(self.slots).max(dim=0).values
+        self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
+        return reduced
+
+    def perf_counter(self) -> float:
+        return self.clock.now
+
+
+def fake_trainer(world: World, rank: int, size: int) -> SimpleNamespace:
+    trainer = SimpleNamespace(world_size=size, global_step=0, should_stop=False, saved=[])
+    trainer.strategy = SimpleNamespace(
+        reduce=lambda tensor, reduce_op: world.reduce(rank, tensor))
+    trainer.save_checkpoint = lambda path: trainer.saved.append((path, trainer.global_step))
+    return trainer
+
+
+def run_rank(world, rank, size, callback, step_s, steps, signal_at=None):
+    trainer, module = fake_trainer(world, rank, size), SimpleNamespace(device=torch.device("cpu"))
+    world.clock.now = 0.0
+    for step in range(1, steps + 1):
+        world.clock.now += step_s
+        trainer.global_step = step
+        if step == signal_at:
+            callback._note(signal.SIGTERM, None)
+        callback.on_train_batch_end(trainer, module, None, None, step - 1)
+        if trainer.should_stop:
+            break
+    return trainer
+
+
+def run_world(monkeypatch, step_times, steps, signal_at=None):
+    world = World(len(step_times))
+    monkeypatch.setattr(preemption, "time", world)
+    callbacks = [StopOnSignal(f"/ckpt/{rank}") for rank in range(len(step_times))]
+    trainers = [None] * len(step_times)
+
+    def rank_main(rank):
+        trainers[rank] = run_rank(world, rank, len(step_times), callbacks[rank],
+                                  step_times[rank], steps, signal_at if rank == 0 else None)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(step_times))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(t is not None for t in trainers), "a rank hung in the all-reduce"
+    return callbacks, trainers
+
+
+def test_ranks_agree_about_once_a_second_not_every_step(monkeypatch):
+    # 3,000 steps of 5 ms and 20 ms: 60 s on the slower rank, so about 60 checks, not 3,000.
+    callbacks, trainers = run_world(monkeypatch, [0.005, 0.020], steps=3000)
+    assert callbacks[0].checks == callbacks[1].checks
+    assert 55 <= callbacks[0].checks <= 80
+    assert not any(t.should_stop for t in trainers)
+
+
+def test_a_signal_on_one_rank_stops_both_at_the_same_step_within_a_second(monkeypatch):
+    callbacks, trainers = run_world(monkeypatch, [0.010, 0.010], steps=3000, signal_at=1234)
+    stopped = [t.saved[0][1] for t in trainers]
+    assert stopped[0] == stopped[1] and 1234 <= stopped[0] <= 1234 + 100  # 100 steps = 1 s
+    assert all(t.should_stop for t in trainers)
+    assert [c.stopped_by for c in callbacks] == ["SIGTERM", "SIGTERM"]
+
+
+def test_one_process_checks_its_own_flag_every_step_without_a_collective(monkeypatch):
+    def no_collective(tensor, reduce_op):
+        raise AssertionError("a single process needs no all-reduce")
+
+    callback = StopOnSignal("/ckpt")
+    trainer = SimpleNamespace(world_size=1, global_step=7, should_stop=False,
+                              strategy=SimpleNamespace(reduce=no_collective), saved=[])
+    trainer.save_checkpoint = lambda path: trainer.saved.append(path)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    callback.on_train_batch_end(trainer, module, None, None, 6)
+    assert not trainer.should_stop
+    callback._note(signal.SIGUSR1, None)
+    callback.on_train_batch_end(trainer, module, None, None, 7)
+    assert trainer.should_stop and callback.stopped_at_step == 7
+    assert callback.stopped_by == "SIGUSR1" and callback.checks == 0
