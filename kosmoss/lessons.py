@@ -95,6 +95,18 @@ def script(name: str) -> Path:
     return here.resolve() if here.is_file() else source_root() / name
 
 
+def scratch_folder(prefix: str) -> Path:
+    """A temporary folder for a lesson's files, removed when its kernel exits: a course run
+    many times leaves no /tmp/lessonNN-* folders behind."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def quick() -> bool:
     """True when ``KOSMOSS_LESSON_QUICK`` is set (CI): the longest experiments run shorter."""
     return os.environ.get(QUICK_ENV, "") not in ("", "0")

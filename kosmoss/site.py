@@ -55,6 +55,8 @@ EXERCISE_MARK = re.compile(r"\A#\s*exercise:\s*(\S+)")
 CHECKER_CALL = "from kosmoss.exercises import check"
 # Where a relative link names a Markdown page, the site has its HTML page.
 MD_LINK = re.compile(r'href="(?![a-z][a-z0-9+.-]*:|#|/)([^"#?]+)\.md(#[^"]*)?"')
+# A link to a lesson's source (``../notebooks/04_x.py``) becomes its page, beside notebooks/.
+LESSON_LINK = re.compile(r'<a href="((?:\.\./)*)notebooks/(\w+)\.py">(.*?)</a>', re.S)
 
 # The lab template minus everything it would fetch from a CDN, plus the site's navigation.
 TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
@@ -129,7 +131,7 @@ def build(executed, out_dir, *, docs: Union[Path, str, None, bool] = True,
     root = _docs_root(docs, log)
     documents = _documents(root)
     pages = _render_lessons(notebooks)
-    pages.update(_render_documents(documents))
+    pages.update(_render_documents(documents, notebooks))
     pages["index.html"] = _index(notebooks, documents)
     site = Site(out_dir, {name: f"{name}.html" for name in notebooks},
                 {str(rel): _doc_page(rel) for rel in documents})
@@ -236,7 +238,7 @@ def _render_lessons(notebooks: Dict[str, object]) -> Dict[str, str]:
         notebook.metadata["title"] = titles[name]
         resources = {"metadata": {"name": name}, "kosmoss_css": CSS, "kosmoss_nav": _nav(".", links)}
         body, _ = exporter.from_notebook_node(notebook, resources=resources)
-        pages[f"{name}.html"] = _html_links(body)
+        pages[f"{name}.html"] = _html_links(body, names)
     return pages
 
 
@@ -296,7 +298,16 @@ def _nav(to_root: str, links: Iterable[tuple] = ()) -> str:
     return f'<nav class="kosmoss-nav">{" ".join(anchors)}</nav>'
 
 
-def _html_links(page: str) -> str:
+def _html_links(page: str, published: Iterable[str]) -> str:
+    """Links to Markdown files and lessons, pointed at their pages; a link to a lesson this
+    site does not publish is left as its text."""
+    published = set(published)
+
+    def lesson_page(link) -> str:
+        prefix, name, text = link.groups()
+        return f'<a href="{prefix}{name}.html">{text}</a>' if name in published else text
+
+    page = LESSON_LINK.sub(lesson_page, page)
     return MD_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', page)
 
 
@@ -332,7 +343,7 @@ def _doc_page(rel: Path) -> str:
     return str(Path(rel).with_suffix(".html"))
 
 
-def _render_documents(documents: Dict[Path, Path]) -> Dict[str, str]:
+def _render_documents(documents: Dict[Path, Path], lessons: Iterable[str]) -> Dict[str, str]:
     import markdown
 
     pages = {}
@@ -343,7 +354,8 @@ def _render_documents(documents: Dict[Path, Path]) -> Dict[str, str]:
         title = heading.group(1).strip() if heading else rel.stem
         to_root = os.path.relpath(".", rel.parent)
         pages[_doc_page(rel)] = _html_links(DOC_PAGE.format(
-            title=html.escape(title.replace("`", "")), css=CSS, body=body, nav=_nav(to_root)))
+            title=html.escape(title.replace("`", "")), css=CSS, body=body, nav=_nav(to_root)),
+            lessons)
     return pages
 
 

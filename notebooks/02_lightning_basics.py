@@ -206,11 +206,12 @@ import json
 import sys
 from pathlib import Path
 
-from kosmoss.lessons import script, sh
+from kosmoss.lessons import scratch_folder, script, sh
 
+out = scratch_folder("lesson02-") / "result.json"  # removed when the kernel exits
 sh([sys.executable, script("trainup_cpu.py"), "--dataset", "small", "--max-epochs", "1",
-    "--batch-size", "128", "--no-progress", "--result-json", "lesson02-result.json"])
-result = json.loads(Path("lesson02-result.json").read_text())
+    "--batch-size", "128", "--no-progress", "--result-json", str(out)])
+result = json.loads(out.read_text())
 print({k: result[k] for k in ("world_size", "accelerator", "global_step", "test_loss",
                               "train_samples_per_s", "run_dir")})
 

@@ -29,7 +29,6 @@
 # %%
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from kosmoss.data import presets
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.data.loading import FlattenedDataset, RankBatchSampler
 from kosmoss.launch import free_port
-from kosmoss.lessons import quiet_lightning
+from kosmoss.lessons import quiet_lightning, scratch_folder
 from kosmoss.model import LitMLP
 from kosmoss.run.callbacks import parameter_checksum
 from kosmoss.scaling import plan
@@ -52,7 +51,7 @@ quiet_lightning()  # no banners or adverts; warnings a learner can act on, one l
 
 dataset = presets.resolve("tiny", log=print)
 stats = dataset.statistics()
-scratch = Path(tempfile.mkdtemp(prefix="lesson03-"))
+scratch = scratch_folder("lesson03-")
 
 # %% [markdown]
 # ## The mechanics

@@ -31,7 +31,6 @@
 # %%
 import inspect
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +41,12 @@ from torchmetrics import MeanMetric
 
 from kosmoss.data import presets
 from kosmoss.data.loading import FlattenedDataset
-from kosmoss.lessons import quiet_lightning
+from kosmoss.lessons import quiet_lightning, scratch_folder
 from kosmoss.model import LitMLP
 
 quiet_lightning()
 dataset = presets.resolve("tiny", log=print)
-scratch = Path(tempfile.mkdtemp(prefix="lesson03b-"))
+scratch = scratch_folder("lesson03b-")
 
 # %% [markdown]
 # ## The reference: one process, every column once

@@ -30,7 +30,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -38,10 +37,10 @@ import torch
 from kosmoss.devices import MachineGpu, decide, sharing, to_numpy
 from kosmoss.environment import gpus as nvml_gpus
 from kosmoss.errors import UsageError
-from kosmoss.lessons import quiet_lightning, script, sh
+from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
 
 quiet_lightning()
-scratch = Path(tempfile.mkdtemp(prefix="lesson05-"))
+scratch = scratch_folder("lesson05-")
 print(f"this machine: torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, "
       f"{torch.cuda.device_count()} GPU(s) visible to torch, {len(nvml_gpus())} seen by the driver")
 

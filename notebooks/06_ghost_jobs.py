@@ -44,7 +44,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,11 +52,11 @@ import psutil
 import kosmoss
 from kosmoss.ghosts import KOSMOSS_GHOSTS, find_ghosts, port_is_free
 from kosmoss.launch import free_port, port_holders
-from kosmoss.lessons import quiet_lightning, script, sh
+from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
 
 quiet_lightning()
 
-scratch = Path(tempfile.mkdtemp(prefix="lesson06-"))
+scratch = scratch_folder("lesson06-")
 
 
 def running(pid):

@@ -33,17 +33,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kosmoss import paths
 from kosmoss.launch import free_port
-from kosmoss.lessons import quiet_lightning, script, sh
+from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
 
 quiet_lightning()
 
-scratch = Path(tempfile.mkdtemp(prefix="lesson07-"))
+scratch = scratch_folder("lesson07-")
 
 
 def clean_env(**extra):

@@ -26,7 +26,6 @@
 # %%
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -34,11 +33,11 @@ from IPython.display import Image, display
 
 from kosmoss.cpus import available_cores, cores_per_process
 from kosmoss.data import presets
-from kosmoss.lessons import quiet_lightning, sh
+from kosmoss.lessons import quiet_lightning, sh, scratch_folder
 from kosmoss.model import LitMLP
 
 quiet_lightning()
-out = Path(tempfile.mkdtemp(prefix="lesson08-")) / "bench"
+out = scratch_folder("lesson08-") / "bench"
 
 # %% [markdown]
 # ## Run it

@@ -32,7 +32,6 @@
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,11 +41,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kosmoss.launch import free_port
-from kosmoss.lessons import quick, quiet_lightning, script, sh
+from kosmoss.lessons import quick, quiet_lightning, script, sh, scratch_folder
 from kosmoss.model import mlp
 
 quiet_lightning()
-scratch = Path(tempfile.mkdtemp(prefix="lesson09-"))
+scratch = scratch_folder("lesson09-")
 
 
 def on_ranks(function, world_size, *args):

@@ -34,14 +34,13 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kosmoss.launch import free_port, port_is_free
-from kosmoss.lessons import quick, script, sh
+from kosmoss.lessons import quick, script, sh, scratch_folder
 
-scratch = Path(tempfile.mkdtemp(prefix="lesson10-"))
+scratch = scratch_folder("lesson10-")
 FAULTY = [sys.executable, "-m", "kosmoss.exercises.faulty_run"]
 
 

@@ -31,7 +31,6 @@
 import copy
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -39,9 +38,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kosmoss.launch import free_port
+from kosmoss.lessons import scratch_folder
 from kosmoss.model import mlp
 
-scratch = Path(tempfile.mkdtemp(prefix="lesson11-"))
+scratch = scratch_folder("lesson11-")
 N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -40,3 +42,17 @@ def run_script(args, home: Path, timeout: float = 300, env_extra=None):
         env.pop(leaked, None)
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str,
+               log: Optional[Path] = None):
+    """Poll ``condition`` until it is truthy (its value is returned): tests wait on markers,
+    never on fixed sleeps. On timeout, the log's tail says why."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 import psutil
 
-from helpers import REPO
+from helpers import REPO, wait_until  # noqa: F401 (the tests import it from here)
 
 MARKED = Path(__file__).with_name("marked_process.py")
 CLEAN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT", "MASTER_ADDR",
@@ -32,15 +31,6 @@ def start_marked(run_dir: Path, home: Path, log: Path, *flags: str) -> subproces
     return start([sys.executable, str(MARKED), str(run_dir), *flags], home, log)
 
 
-def wait_until(condition: Callable[[], object], timeout: float, what: str, log: Path = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    tail = log.read_text()[-3000:] if log and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tail}")
 
 
 def processes_of(home: Path) -> List[psutil.Process]:

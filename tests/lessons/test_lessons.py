@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -170,12 +172,16 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, monkeypatch):
     client = NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(folder)}})
     started = time.monotonic()
+    scratch_before = set(Path(tempfile.gettempdir()).glob("lesson*-*"))
     try:
         client.execute()  # raises CellExecutionError on the first failing cell
     finally:
         nbformat.write(notebook, folder / f"executed-{name[:-3]}.ipynb")
         left_behind = _end_ghosts()
     assert not left_behind, f"the lesson left processes of its runs running: {left_behind}"
+    # The kernel has exited: its scratch folders (kosmoss.lessons.scratch_folder) are gone.
+    scratch_left = set(Path(tempfile.gettempdir()).glob("lesson*-*")) - scratch_before
+    assert not scratch_left, f"the lesson left scratch folders: {sorted(scratch_left)}"
     seconds = time.monotonic() - started
     _record_time(folder, name, seconds)
     stated_min = int(re.search(TIME_LINE, notebook.cells[0].source).group(2))

@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import psutil
 
-from helpers import REPO
+from helpers import REPO, wait_until
 
 MARKER_TIMEOUT_S = 240  # a loaded 2-core machine takes a while to import torch twice
 LEAKED = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "KOSMOSS_RUN_ID", "KOSMOSS_RUN_LAUNCHER",
@@ -39,13 +38,7 @@ def stderr_of(home: Path) -> str:
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout: float = MARKER_TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_until(condition, timeout, what)
 
 
 def run_dir(home: Path) -> Optional[Path]:
