@@ -5,10 +5,10 @@
     kosmoss lessons --prepare                               # datasets and caches, the day before
     python -c "from kosmoss.site import build; build('executed/', 'course-site')"
 
-The site is one HTML page per lesson, named after its file (``04_scaling_the_learning_rate
-.html``) with every output and plot, one page per Markdown file of ``docs/`` (and the
-README), and ``index.html`` linking them all. It works offline, opened as files: a lesson
-page is one self-contained file.
+The site is one HTML page per lesson, named after its file
+(``04_scaling_the_learning_rate.html``) with every output and plot, one page per Markdown
+file of ``docs/`` (and the README), and ``index.html`` linking them all. It works offline,
+opened as files: a lesson page is one self-contained file.
 
 Why nbconvert's ``HTMLExporter``, not mkdocs-material + mkdocs-jupyter or jupyter-book: it
 comes with JupyterLab (the lessons' own extra), renders outputs exactly as JupyterLab
@@ -70,6 +70,7 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 """
 TEMPLATE_NAME = "kosmoss-site.html.j2"
 CSS = """
+.jp-RenderedText pre { white-space: pre; overflow-x: auto; }  /* tables scroll, not wrap */
 nav.kosmoss-nav { font: 15px/1.6 system-ui, sans-serif; padding: 8px 0; margin: 0 auto;
   max-width: 60em; border-bottom: 1px solid #ddd; }
 nav.kosmoss-nav a { margin-right: 1.5em; }
@@ -158,7 +159,7 @@ def _claim(out_dir: Path, flag: str) -> List[str]:
         return []  # a damaged marker: its own files are written over, nothing is removed
 
 
-def load_executed(executed) -> Dict[str, "NotebookNode"]:
+def load_executed(executed) -> Dict[str, object]:
     """``{lesson name: notebook}`` in lesson order, from a folder, files or a mapping."""
     import nbformat
 
@@ -230,16 +231,23 @@ def _render_lessons(notebooks: Dict[str, object]) -> Dict[str, str]:
     names = list(notebooks)
     pages = {}
     for index, name in enumerate(names):
-        links = [(f"&larr; {html.escape(titles[names[index - 1]])}", f"{names[index - 1]}.html")
-                 ] if index else []
-        if index + 1 < len(names):
-            links.append((f"{html.escape(titles[names[index + 1]])} &rarr;", f"{names[index + 1]}.html"))
         notebook = as_published(notebooks[name])
         notebook.metadata["title"] = titles[name]
-        resources = {"metadata": {"name": name}, "kosmoss_css": CSS, "kosmoss_nav": _nav(".", links)}
+        nav = _nav(".", _neighbours(names[index - 1] if index else None,
+                                    names[index + 1] if index + 1 < len(names) else None, titles))
+        resources = {"metadata": {"name": name}, "kosmoss_css": CSS, "kosmoss_nav": nav}
         body, _ = exporter.from_notebook_node(notebook, resources=resources)
         pages[f"{name}.html"] = _html_links(body, names)
     return pages
+
+
+def _neighbours(previous: Optional[str], following: Optional[str],
+                titles: Dict[str, str]) -> List[tuple]:
+    """(text, page) of the lessons before and after one."""
+    links = [(f"&larr; {html.escape(titles[previous])}", f"{previous}.html")] if previous else []
+    if following:
+        links.append((f"{html.escape(titles[following])} &rarr;", f"{following}.html"))
+    return links
 
 
 def _exporter():
@@ -470,10 +478,16 @@ def execute_lessons(names: Optional[Iterable[str]] = None, *, timeout: int = CEL
 def site_command(site: Path, executed: Optional[Path], log: Callable[[str], None] = print) -> Site:
     """``kosmoss lessons --site DIR [--executed FOLDER]``: publish the notebooks in FOLDER,
     or run every lesson first (the course's whole run time) when FOLDER is not given."""
+    from .lessons import lesson_sources
+
     _claim(Path(site), "--site")  # refuse a wrong folder before running anything
     _exporter()
     notebooks = load_executed(executed) if executed is not None else execute_lessons(log=log)
-    return build(notebooks, site, log=log)
+    built = build(notebooks, site, log=log)
+    missing = [lesson.stem for lesson in lesson_sources() if lesson.stem not in notebooks]
+    if missing:
+        log(f"  not in {executed}, so not on the site: {', '.join(missing)}")
+    return built
 
 
 # ------------------------------------------------------------------ before a session

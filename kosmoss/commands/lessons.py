@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..cli_support import command_main
+from ..errors import UsageError
 
 HELP = "copy the lessons (notebooks, the scripts they run, the documents they cite) into a working folder"
 DEFAULT_DEST = Path("kosmoss-lessons")
@@ -19,6 +20,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dest", type=Path, default=DEFAULT_DEST,
                         help="working folder (default ./%(default)s); files you changed "
                              "there are never replaced")
+    parser.add_argument("--prepare", action="store_true",
+                        help="also prepare every dataset and cache the lessons use (once, "
+                             "before the session; what is there is kept)")
+    parser.add_argument("--site", type=Path, metavar="DIR",
+                        help="instead of copying: build the course as a static web site in DIR "
+                             "(one page per lesson with its outputs, the docs, an index)")
+    parser.add_argument("--executed", type=Path, metavar="FOLDER",
+                        help="with --site: publish the executed notebooks in FOLDER (.ipynb); "
+                             "default: run every lesson first (the course's whole run time)")
     parser.set_defaults(command=lessons_command)
 
 
@@ -28,6 +38,14 @@ def register(subparsers) -> None:
 
 def lessons_command(args: argparse.Namespace) -> None:
     from ..lessons import bundle, copy_lessons, source_root, to_ipynb
+
+    if args.executed is not None and args.site is None:
+        raise UsageError("--executed FOLDER: only with --site DIR (the site to build from it)")
+    if args.site is not None:
+        from ..site import site_command
+
+        site_command(args.site, args.executed)
+        return
 
     has_jupytext = installed("jupytext")
     files = bundle(source_root(), to_ipynb if has_jupytext else None)
@@ -42,6 +60,10 @@ def lessons_command(args: argparse.Namespace) -> None:
     if not has_jupytext:
         print(f"  no .ipynb written, the .py sources instead: jupytext is missing ({INSTALL_HINT}, "
               "then run again)")
+    if args.prepare:
+        from ..site import prepare_for_lessons
+
+        prepare_for_lessons()
     _print_how_to_open(args.dest)
 
 

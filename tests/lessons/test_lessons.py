@@ -27,6 +27,7 @@ from kosmoss.lessons import LESSON_GLOB, QUICK_ENV
 LESSONS = sorted(p.name for p in (REPO / "notebooks").glob(LESSON_GLOB))
 CELL_TIMEOUT_S = 600  # lesson 8's cell runs `kosmoss bench --quick` (about 3 minutes here)
 TIMINGS_FILE = "lesson-timings.json"
+EXECUTED_FOLDER = "executed-lessons"  # tests/site builds the web site from what is saved here
 TIME_LINE = r"Time: ~(\d+) min; the cells run in ~(\d+) min on 2 CPU cores"
 EXERCISE_LINE = re.compile(r"\A# exercise: (\S+)")
 # A verdict stated in prose instead of computed: the lessons print these from variables.
@@ -134,6 +135,14 @@ def test_stated_numbers_finds_prose_numbers_only():
 
 
 @pytest.fixture(scope="session")
+def executed_folder(tmp_path_factory):
+    """Every lesson as it ran, for tests/site: the site reuses these runs instead of its own."""
+    folder = tmp_path_factory.getbasetemp() / EXECUTED_FOLDER
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def lesson_folder(tmp_path_factory):
     """The working folder a learner gets from ``kosmoss lessons``."""
     root = tmp_path_factory.mktemp("lessons")
@@ -159,7 +168,7 @@ def test_kernel_is_this_python(lesson_folder, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", LESSONS)
-def test_lesson_runs_top_to_bottom(name, lesson_folder, monkeypatch):
+def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
@@ -177,6 +186,7 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, monkeypatch):
         client.execute()  # raises CellExecutionError on the first failing cell
     finally:
         nbformat.write(notebook, folder / f"executed-{name[:-3]}.ipynb")
+        nbformat.write(notebook, executed_folder / f"{name[:-3]}.ipynb")
         left_behind = _end_ghosts()
     assert not left_behind, f"the lesson left processes of its runs running: {left_behind}"
     # The kernel has exited: its scratch folders (kosmoss.lessons.scratch_folder) are gone.

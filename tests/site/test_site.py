@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -89,7 +88,7 @@ def on_ci() -> bool:
 
 def image_outputs(notebook) -> int:
     return sum(1 for cell in notebook.cells for out in cell.get("outputs", [])
-               for kind in IMAGE_TYPES if kind in out.get("data", {}))
+               if any(kind in out.get("data", {}) for kind in IMAGE_TYPES))
 
 
 # ------------------------------------------------------------------ the built site
@@ -305,8 +304,10 @@ def test_the_site_command_publishes_an_executed_folder(executed, tmp_path):
     folder = tmp_path / "executed"
     folder.mkdir()
     nbformat.write(notebook, folder / f"{name}.ipynb")
-    site = site_command(tmp_path / "course", folder, log=lambda line: None)
+    said = []
+    site = site_command(tmp_path / "course", folder, log=said.append)
     assert list(site.lessons) == [name] and (site.folder / f"{name}.html").is_file()
+    assert "so not on the site" in said[-1] and name not in said[-1]
     assert (site.folder / "docs" / "teaching" / "agenda.html").is_file()
 
 
