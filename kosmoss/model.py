@@ -110,8 +110,9 @@ class LitMLP(pl.LightningModule):
         if trainer is None:
             return True
         every = trainer.log_every_n_steps  # 0 in Trainer(barebones=True): no logging at all
-        # Lightning's loggers write when (steps done + 1) % every == 0: log on those steps.
-        return every > 0 and (self.global_step + 1) % every == 0
+        # Lightning's loggers write when (steps done + 1) % every == 0: log on those steps,
+        # and on the first (the progress bar and callback_metrics have a value at once).
+        return every > 0 and (self.global_step == 0 or (self.global_step + 1) % every == 0)
 
     def training_step(self, batch, batch_idx):
         return self._common_step(batch, "train")

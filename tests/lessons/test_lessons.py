@@ -181,7 +181,8 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, monkeyp
     client = NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(folder)}})
     started = time.monotonic()
-    scratch_before = set(Path(tempfile.gettempdir()).glob("lesson*-*"))
+    own_scratch = f"lesson{name.split('_')[0]}-*"  # scratch_folder("lesson03-"), ...
+    scratch_before = set(Path(tempfile.gettempdir()).glob(own_scratch))
     try:
         client.execute()  # raises CellExecutionError on the first failing cell
     finally:
@@ -190,7 +191,7 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, monkeyp
         left_behind = _end_ghosts()
     assert not left_behind, f"the lesson left processes of its runs running: {left_behind}"
     # The kernel has exited: its scratch folders (kosmoss.lessons.scratch_folder) are gone.
-    scratch_left = set(Path(tempfile.gettempdir()).glob("lesson*-*")) - scratch_before
+    scratch_left = set(Path(tempfile.gettempdir()).glob(own_scratch)) - scratch_before
     assert not scratch_left, f"the lesson left scratch folders: {sorted(scratch_left)}"
     seconds = time.monotonic() - started
     _record_time(folder, name, seconds)
