@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..allocator import pin_malloc_thresholds
 from ..cli_support import OneLineParser
 from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
 from ..data.store import PreparedDataset, open_dataset
@@ -155,6 +156,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, required=True, help="write the figures here (JSON)")
     args = parser.parse_args(argv)
+    pin_malloc_thresholds()  # as kosmoss's runs do (kosmoss.run.pipeline): the same allocator
     figures = measure(args.what, args.dataset, args.batch_size, args.steps, args.device,
                       args.bf16, args.seed)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")

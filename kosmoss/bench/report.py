@@ -17,13 +17,21 @@ from .figures import TARGET_MARGIN
 OUTPUTS = ("bench.json", "bench.csv", "bench.png")
 CSV_COLUMNS = ("id", "label", "status", "reason", "device", "ranks", "precision", "batch_size",
                "samples_per_s", "predicted_samples_per_s", "predicted_over_measured",
-               "ratio", "versus", "scaling_efficiency", "time_to_first_step_s",
+               "ratio", "ratio_min", "ratio_max", "versus", "scaling_efficiency",
+               "scaling_efficiency_min", "scaling_efficiency_max", "time_to_first_step_s",
                "time_to_target_s", "target_reached", "val_loss", "page_faults_per_step",
                "peak_host_mib", "peak_gpu_mib")
 
 
 def _number(value: Optional[float], style: str = "{:,.0f}") -> str:
     return "" if value is None else style.format(value)
+
+
+def _spread(row: dict, key: str) -> str:
+    """A paired median with its range over the repeats: 0.96 (0.91-1.02)."""
+    spread = row.get(f"{key}_spread")
+    low_high = f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else ""
+    return _number(row.get(key), "{:.2f}") + low_high
 
 
 def _verdict(passed: Optional[bool]) -> str:
@@ -47,8 +55,8 @@ def table(bench: dict) -> Group:
             row["id"], str(row["ranks"]), str(row["batch_size"]),
             _number(row["samples_per_s"]), _number(row.get("predicted_samples_per_s")),
             _number(row.get("predicted_over_measured"), "{:.2f}"),
-            _number(row.get("ratio"), "{:.2f}"),
-            row["versus"] or "", _number(row.get("scaling_efficiency"), "{:.2f}"),
+            _spread(row, "ratio"),
+            row["versus"] or "", _spread(row, "scaling_efficiency"),
             _number(row["time_to_first_step_s"], "{:.1f}"),
             _number(row.get("time_to_target_s"), "{:.1f}"),
             _number(row["val_loss"], "{:.4f}"), _number(row.get("page_faults_per_step")),
@@ -86,7 +94,8 @@ def _caption(bench: dict) -> str:
     goals = goals or "none (no 1-process kosmoss row)"
     return ("predicted: kosmoss.projection's cost model from the 1-rank row and this bench's "
             "kosmoss comm run (docs/scaling.md); pred/meas: predicted ÷ samples/s. "
-            "ratio: samples/s ÷ the vs row's. eff.: samples/s ÷ (ranks × the 1-rank row's). "
+            "ratio: samples/s ÷ the vs row's, eff.: samples/s ÷ (ranks × the 1-rank row's), each "
+            "the median of the repeats paired one by one (their range in brackets). "
             "1st step / target s: seconds from launch to the end of the first training step / "
             f"to a validation with val_loss <= the target ({goals}). "
             "faults/step: minor page faults per timed step, the most of any rank. "
@@ -106,8 +115,16 @@ def csv_text(bench: dict) -> str:
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for row in bench["rows"]:
-        writer.writerow({key: row.get(key) for key in CSV_COLUMNS})
+        writer.writerow({key: row.get(key) for key in CSV_COLUMNS} | _spread_columns(row))
     return buffer.getvalue()
+
+
+def _spread_columns(row: dict) -> dict:
+    found = {}
+    for key in ("ratio", "scaling_efficiency"):
+        low, high = row.get(f"{key}_spread") or (None, None)
+        found.update({f"{key}_min": low, f"{key}_max": high})
+    return found
 
 
 def write_csv(bench: dict, path: Path) -> None:

@@ -19,6 +19,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
 
 from .. import launch, records
+from ..allocator import pin_malloc_thresholds
 from ..data.store import verify_checksums
 from ..errors import EXIT_FAILURE, RunFailed
 from .config import RunConfig
@@ -59,6 +60,7 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     """Check everything, then train. Bad input raises a UsageError before anything is
     written (only a missing preset dataset is prepared)."""
     launch.die_with_spawner()  # a local rank whose starter died leaves at once
+    pin_malloc_thresholds()  # batch-sized buffers are reused, not faulted in every step
     with signals_stop_the_run():
         plan = prepare(config, log=echo)
         rank_zero_only.rank = plan.topology.global_rank  # Lightning sets the same, later

@@ -110,3 +110,41 @@ def test_sampler_resume_skips_only_the_epoch_it_names():
     fresh = RankBatchSampler(np.arange(100), 10, seed=3)
     fresh.resume(2, 4)  # before any set_epoch, as in a resumed Lightning run
     assert [b.tolist() for b in fresh] == whole[4:]
+
+
+def _faults_reading_every_row(data: FlattenedDataset) -> int:
+    """Minor page faults while every row of every shard is gathered into warm buffers."""
+    import resource
+
+    buffers = [torch.empty_like(shard).fill_(0) for shard in data._x]  # touched: no faults
+    rows = [torch.arange(len(shard)) for shard in data._x]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for shard, out, index in zip(data._x, buffers, rows):
+        torch.index_select(shard, 0, index, out=out)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_a_dataset_that_fits_in_ram_is_mapped_at_open(random_dataset, monkeypatch):
+    """The first epoch does not fault the shards' pages in as it reads (issue 19): they
+    are mapped when the dataset opens, where a run's start-up already waits."""
+    import kosmoss.data.loading as loading
+
+    mapped = _faults_reading_every_row(FlattenedDataset(random_dataset))
+    monkeypatch.setattr(loading, "map_pages_now", lambda array: None)
+    unmapped = _faults_reading_every_row(FlattenedDataset(random_dataset))
+    pages = sum(shard.numel() * 4 for shard in FlattenedDataset(random_dataset)._x) // 4096
+    assert unmapped > pages // 64  # the kernel maps up to 16 pages per fault
+    assert mapped < unmapped // 4, (mapped, unmapped, pages)
+
+
+def test_a_dataset_too_large_for_ram_is_read_as_it_goes(random_dataset, monkeypatch):
+    import kosmoss.data.loading as loading
+
+    calls = []
+    monkeypatch.setattr(loading, "map_pages_now", calls.append)
+    monkeypatch.setattr(loading, "PREFAULT_RAM_SHARE", 1e-12)
+    FlattenedDataset(random_dataset)
+    assert calls == []
+    monkeypatch.setattr(loading, "PREFAULT_RAM_SHARE", 0.5)
+    FlattenedDataset(random_dataset)
+    assert len(calls) == 2 * len(random_dataset.shards)  # x and y of every shard
