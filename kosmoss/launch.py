@@ -252,7 +252,7 @@ def _prctl():
     return ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
+def die_with(parent_pid: int) -> Callable[[], None]:
     """``preexec_fn`` for a child of ``parent_pid``: SIGKILL when the parent dies; already
     dead (it died between fork and prctl): die now."""
     prctl = _prctl()  # looked up before the fork: the child only calls it
@@ -347,7 +347,7 @@ def simulate_nodes(topology: Topology, extra_env: Dict[str, str],
     # Lightning sizes torch threads by the ranks *it* starts (1 per node here): all the
     # nodes share this host's cores, so each rank gets its share (as torchrun does).
     base.setdefault("OMP_NUM_THREADS", str(cores_per_process(topology.world_size)))
-    preexec = _die_with(os.getpid())
+    preexec = die_with(os.getpid())
     nodes = [subprocess.Popen(_own_command(), env={**base, "NODE_RANK": str(rank)},
                               start_new_session=True, preexec_fn=preexec)
              for rank in range(topology.num_nodes)]

@@ -25,10 +25,11 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from .errors import UsageError
 
@@ -125,6 +126,66 @@ def quiet_lightning() -> None:
 
 def _one_line(message, category, filename, lineno, line=None) -> str:
     return f"{category.__name__}: {message}\n"
+
+
+def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180) -> None:
+    """Run ``function(rank, world_size, port, *args)`` in ``world_size`` processes forked
+    from the notebook's kernel (they inherit its variables: a function defined in a cell
+    cannot be pickled for ``spawn``), and wait for all of them.
+
+    A fork of a kernel is fragile: it copies the kernel's threads' locks as they were. So
+    each rank gets one OpenMP thread, writes to the kernel's own stdout/stderr rather than
+    the notebook's (ipykernel's streams are zmq sockets of the parent), and dies with the
+    kernel. Ranks that do not finish within ``timeout_s`` are a hang: the cell fails with
+    every rank's stack (py-spy, as ``kosmoss stacks`` reads them) instead of waiting
+    forever."""
+    import torch.multiprocessing as mp
+
+    from .launch import free_port
+
+    context = mp.start_processes(_forked_rank, args=(os.getpid(), function, world_size,
+                                                      free_port(), *args),
+                                 nprocs=world_size, start_method="fork", join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{world_size} ranks of {function.__name__} did not finish "
+                                   f"within {timeout_s:g} s; where they were:\n"
+                                   + _stacks_of(p.pid for p in context.processes))
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)  # reaped: no zombie left in the kernel's table
+
+
+def _forked_rank(rank: int, kernel: int, function: Callable, world_size: int, port: int,
+                 *args) -> None:
+    import torch
+
+    from .launch import die_with
+
+    die_with(kernel)()
+    torch.set_num_threads(1)  # the kernel's OpenMP pool does not survive a fork (lesson 3)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    function(rank, world_size, port, *args)
+
+
+def _stacks_of(pids: Iterable[int]) -> str:
+    from .diagnose.stacks import StackError, dump
+
+    lines = []
+    for pid in pids:
+        try:
+            threads = dump(pid, native=True)
+        except (StackError, UsageError, OSError) as err:
+            lines.append(f"pid {pid}: {err}")
+            continue
+        for thread in threads:
+            frames = "\n    ".join(frame.short() for frame in thread.frames[:25])
+            lines.append(f"pid {pid}, thread {thread.name}:\n    {frames}")
+    return "\n".join(lines)
 
 
 def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,

@@ -28,6 +28,7 @@ The cost model (docs/scaling.md draws it):
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -154,6 +155,7 @@ class StepProfile:
     device: str  # cpu | cuda
     source: str
     fixed_s: float = 0.0
+    step_cv: float = 0.0  # std ÷ mean of the reference's step times (its jitter)
 
     def compute_s(self, batch: float, share: float) -> float:
         slower = self.share / share
@@ -197,17 +199,38 @@ def exposed_comm_s(shape: ModelShape, cluster: Cluster, backward_s: float) -> Tu
     return total, max(0.0, end - backward_s)
 
 
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n independent standard normal draws] (0 for one, 0.564 for two, 1.029 for
+    four, 1.424 for eight): ∫ x·n·φ(x)·Φ(x)^(n−1) dx, on a grid fine enough for 3 digits."""
+    if n <= 1:
+        return 0.0
+    import numpy as np
+
+    x = np.linspace(-8.0, 8.0, 16001)
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
+
+
+def straggler_s(profile: StepProfile, compute_s: float, world: int) -> float:
+    """Ranks meet at every step's all-reduce, so a step lasts as long as the slowest rank's
+    compute: with each rank's step jittering by ``step_cv`` (the reference's, measured),
+    the wait is E[max of ``world`` draws] − the mean."""
+    return profile.step_cv * compute_s * expected_max_of_normals(world)
+
+
 def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_batch: int) -> dict:
     """Predicted step of each rank, samples/s of the world, efficiency, comm share."""
     batch = global_batch / cluster.world
     compute = profile.compute_s(batch, cluster.share)
     backward = profile.backward_s(batch, cluster.share, shape.backward_share)
     comm, exposed = exposed_comm_s(shape, cluster, backward) if cluster.world > 1 else (0.0, 0.0)
-    step = compute + exposed
+    wait = straggler_s(profile, compute, cluster.world)
+    step = compute + wait + exposed
     single = global_batch / profile.compute_s(global_batch, cluster.single_share)
     samples_per_s = global_batch / step
     return {"devices_per_node": cluster.per_node, "nodes": cluster.nodes, "world": cluster.world,
-            "per_device_batch": batch, "compute_s": compute, "comm_s": comm,
+            "per_device_batch": batch, "compute_s": compute, "straggler_s": wait, "comm_s": comm,
             "exposed_comm_s": exposed, "step_s": step, "samples_per_s": samples_per_s,
             "speedup": samples_per_s / single,
             "efficiency": samples_per_s / (cluster.world * single),
@@ -305,7 +328,9 @@ def links_from_comm(comm: dict, flag: str = "--comm") -> Tuple[Link, Optional[Li
 
 
 def _link(group: dict, name: str, source: str, flag: str) -> Link:
-    fit = group.get("fit")
+    # The fit of the mean times where the JSON has one: a step pays the mean all-reduce,
+    # and on a shared host its slow tail is a quarter more than the median (docs/scaling.md).
+    fit = group.get("fit_mean") or group.get("fit")
     if not fit:
         raise UsageError(f"{flag}: its {name} group has no α–β fit (measure at least two sizes)")
     if not fit.get("link_bandwidth_Bps"):
@@ -344,7 +369,12 @@ def _run_reference(result: dict, file: Path) -> dict:
     return {"samples_per_s": result["train_samples_per_s"],
             "batch": result["per_device_batch_size"],
             "device": "cuda" if result.get("accelerator") in ("gpu", "cuda") else "cpu",
-            "source": f"run {file}"}
+            "source": f"run {file}", "step_time_cv": _first(result.get("step_time_cv"))}
+
+
+def _first(value) -> Optional[float]:
+    """A 1-rank run's per-rank list holds one value."""
+    return value[0] if isinstance(value, list) and value else value
 
 
 def _bench_reference(bench: dict, file: Path, row_id: Optional[str]) -> dict:
@@ -358,7 +388,7 @@ def _bench_reference(bench: dict, file: Path, row_id: Optional[str]) -> dict:
                          f"{', '.join(usable) or 'none (no 1-rank row was measured)'}")
     return {"samples_per_s": row["samples_per_s"], "batch": row["batch_size"],
             "device": "cuda" if row["device"] == "gpu" else "cpu",
-            "source": f"bench row {row_id} of {file}"}
+            "source": f"bench row {row_id} of {file}", "step_time_cv": row.get("step_time_cv")}
 
 
 def _device(name: str):
@@ -461,4 +491,4 @@ def profile_from_reference(reference: dict, share: float,
     opt = opt / share if cpu else opt
     opt = min(opt, 0.5 * step)  # a busier machine now than during the run must not eat the step
     return StepProfile(reference["batch"], step - opt, opt, share, reference["device"],
-                       reference["source"])
+                       reference["source"], step_cv=reference.get("step_time_cv") or 0.0)

@@ -27,6 +27,7 @@ def minor_faults() -> int:
 class StepClock:
     def __init__(self) -> None:
         self.samples, self.steps, self.elapsed, self.faults = 0, 0, 0.0, 0
+        self.squares = 0.0  # sum of the squared step times: their spread (step_cv)
         self.first_step_unix: Optional[float] = None
         self._last: Optional[float] = None
         self._last_faults = 0
@@ -40,6 +41,7 @@ class StepClock:
             self.first_step_unix = time.time()
         elif self._last is not None:
             self.elapsed += now - self._last
+            self.squares += (now - self._last) ** 2
             self.samples += samples
             self.steps += 1
             self.faults += faults - self._last_faults
@@ -54,6 +56,16 @@ class StepClock:
     @property
     def samples_per_s(self) -> Optional[float]:
         return self.samples / self.elapsed if self.elapsed > 0 else None
+
+    @property
+    def step_cv(self) -> Optional[float]:
+        """Standard deviation of the timed steps ÷ their mean: how much a step jitters. Ranks
+        that meet at every step wait for the slowest, so jitter costs DDP time
+        (kosmoss.projection)."""
+        if self.steps < 2 or self.elapsed <= 0:
+            return None
+        mean = self.elapsed / self.steps
+        return max(0.0, self.squares / self.steps - mean * mean) ** 0.5 / mean
 
     @property
     def faults_per_step(self) -> Optional[float]:

@@ -29,6 +29,7 @@
 # Time: ~40 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
+import gc
 import json
 import os
 import sys
@@ -38,25 +39,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from kosmoss.launch import free_port
-from kosmoss.lessons import quick, quiet_lightning, script, sh, scratch_folder
+from kosmoss.lessons import on_ranks, quick, quiet_lightning, script, sh, scratch_folder
 from kosmoss.model import mlp
 
 quiet_lightning()
 scratch = scratch_folder("lesson09-")
-
-
-def on_ranks(function, world_size, *args):
-    """Run function(rank, world_size, port, *args) in world_size forked gloo processes."""
-    mp.start_processes(function, args=(world_size, free_port(), *args), nprocs=world_size,
-                       start_method="fork")
+# on_ranks(function, n) forks n processes from this kernel, each running
+# function(rank, n, port) with one OpenMP thread (lesson 3), and fails with every rank's
+# stack if they hang.
 
 
 def join(rank, world_size, port):
-    # A forked child must not reuse the kernel's OpenMP threads (lesson 3): one each.
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
 
@@ -250,6 +244,10 @@ def ddp_steps(rank, world_size, port):
                                         "rebuilt_per_bucket_param_indices")}))
             if cap:
                 profile.export_chrome_trace(str(scratch / "ddp-trace.json"))
+    # DDP before its group: torch's Reducer holds the group, and as its last owner it would
+    # destroy it holding the GIL while gloo's thread waits for the GIL (a deadlock).
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
 
 

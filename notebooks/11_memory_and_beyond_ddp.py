@@ -29,16 +29,15 @@
 
 # %%
 import copy
+import gc
 import json
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from kosmoss.launch import free_port
-from kosmoss.lessons import scratch_folder
+from kosmoss.lessons import on_ranks, scratch_folder
 from kosmoss.model import mlp
 
 scratch = scratch_folder("lesson11-")
@@ -240,7 +239,6 @@ def ddp_versus_zero(rank, world_size, port):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)  # a forked child must not reuse the kernel's OpenMP threads
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     models = {"MLP": lambda: mlp(N_X, HIDDEN, N_Y),
@@ -271,10 +269,12 @@ def ddp_versus_zero(rank, world_size, port):
         report[name] = {"kept": kept, "largest": max(p.numel() for p in build().parameters()),
                         "difference": (weights["Adam"] - weights["ZeRO-1"]).abs().max().item()}
     (scratch / f"zero-rank{rank}.json").write_text(json.dumps(report))
+    del ddp, optimizer, local  # DDP before its group (lesson 9 says why)
+    gc.collect()
     dist.destroy_process_group()
 
 
-mp.start_processes(ddp_versus_zero, args=(2, free_port()), nprocs=2, start_method="fork")
+on_ranks(ddp_versus_zero, 2)  # forked from this kernel, one OpenMP thread each (lesson 3)
 zero = [json.loads((scratch / f"zero-rank{r}.json").read_text()) for r in range(2)]
 for name in zero[0]:
     full = zero[0][name]["kept"]["Adam"]

@@ -1,5 +1,6 @@
 """The cost model of ``kosmoss project``: hand-computed cases, and bad input."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -175,3 +176,31 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "no train_samples_per_s, per_device_batch_size" in \
         project_fails(capsys, ["--from", str(tmp_path)])
     assert "--comm" in project_fails(capsys, ["--comm", str(tmp_path / "result.json")])
+
+
+def test_expected_max_of_normals_matches_the_closed_form_and_a_sample():
+    import math
+
+    import numpy as np
+
+    assert projection.expected_max_of_normals(1) == 0.0
+    assert projection.expected_max_of_normals(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-4)
+    draws = np.random.default_rng(0).standard_normal((200_000, 8)).max(axis=1).mean()
+    assert projection.expected_max_of_normals(8) == pytest.approx(draws, abs=0.01)
+
+
+def test_jittering_ranks_wait_for_the_slowest_at_every_step():
+    """The hand-computed case above, with steps that jitter by 10 %: each of 4 ranks waits
+    E[max of 4 draws] = 1.0294 standard deviations of its compute."""
+    profile = StepProfile(batch=1024, forward_backward_s=0.100, optimizer_s=0.010, share=1.0,
+                          device="cuda", source="test", step_cv=0.1)
+    shape = ModelShape(gradient_bytes=2_000_000, buckets=((2_000_000, 1.0),), backward_share=0.5)
+    steady = replace(profile, step_cv=0.0)
+    cluster = Cluster(per_node=4, nodes=1, intra=LINK, inter=SLOW)
+    row = projection.predict(profile, shape, cluster, global_batch=1024)
+    compute = 0.100 * 256 / 1024 + 0.010
+    assert row["straggler_s"] == pytest.approx(0.1 * compute * 1.0294, rel=1e-3)
+    assert row["step_s"] == pytest.approx(
+        projection.predict(steady, shape, cluster, 1024)["step_s"] + row["straggler_s"])
+    one = projection.predict(profile, shape, replace(cluster, per_node=1), 1024)
+    assert one["straggler_s"] == 0.0  # nobody to wait for

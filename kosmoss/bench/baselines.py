@@ -91,7 +91,8 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
         if step == steps + 1:
             break
     return {"samples_per_s": clock.samples_per_s, "first_step_unix": clock.first_step_unix,
-            "page_faults_per_step": clock.faults_per_step, "val_curve": curve, "val_loss": curve[-1]["val_loss"], "global_step": step}
+            "page_faults_per_step": clock.faults_per_step, "step_time_cv": clock.step_cv,
+            "val_curve": curve, "val_loss": curve[-1]["val_loss"], "global_step": step}
 
 
 @torch.no_grad()

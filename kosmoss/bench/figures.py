@@ -87,6 +87,7 @@ def summarize(measurements: List[dict]) -> dict:
             "time_to_first_step_s": med("time_to_first_step_s"),
             "val_loss": med("val_loss"),
             "page_faults_per_step": med("page_faults_per_step"),
+            "step_time_cv": med("step_time_cv"),
             "peak_host_mib": peak("peak_host_mib"), "peak_gpu_mib": peak("peak_gpu_mib")}
 
 

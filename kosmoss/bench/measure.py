@@ -75,6 +75,8 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "peak_gpu_mib": _max(result.get("peak_gpu_mib")),
         # Minor page faults per timed step (the most of any rank): kosmoss.throughput.
         "page_faults_per_step": _max_of_any(result.get("page_faults_per_step")),
+        # How much a step jitters (std ÷ mean), the most of any rank: kosmoss.throughput.
+        "step_time_cv": _max_of_any(result.get("step_time_cv")),
         "precision": result.get("precision"),
         "world_size": result.get("world_size", 1),
         "warnings": result.get("warnings", []),

@@ -78,9 +78,11 @@ PREDICTION_MODEL = (
     "global batch) x (reference share / rank share), optimizer measured here and scaled by "
     "the share; shares: on CPU the cores each has as they perform now (thread_speedup: "
     "the 1-rank row's threads against each rank's, measured after the rows), on GPU 1/ranks "
-    "of the GPU the ranks share; + the all-reduce of DDP's buckets (alpha-beta fit of "
-    "this bench's kosmoss comm run of the row's topology), exposed after backward (no "
-    "overlap on CPU: the ranks fill every core)")
+    "of the GPU the ranks share; + the wait for the slowest rank (the 1-rank row's step "
+    "jitter, std/mean, x per-rank compute x E[max of N normal draws]); + the all-reduce of "
+    "DDP's buckets (alpha-beta fit of the mean times of this bench's kosmoss comm run of "
+    "the row's topology), exposed after backward (no overlap on CPU: the ranks fill every "
+    "core)")
 
 
 class ThreadProbes:
@@ -166,7 +168,8 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
     if setup.single not in context["profiles"]:
         context["profiles"][setup.single] = profile_from_reference(
             {"samples_per_s": single["samples_per_s"], "batch": single["batch_size"],
-             "device": device, "source": f"bench row {setup.single}"}, reference_share,
+             "device": device, "source": f"bench row {setup.single}",
+             "step_time_cv": single.get("step_time_cv")}, reference_share,
             n_x=shape.n_x, n_y=shape.n_y)
     profile = context["profiles"][setup.single]
     intra, inter = links_from_comm(comm, "kosmoss comm in the bench")
@@ -231,7 +234,8 @@ def prediction_summary(context: dict) -> dict:
     return {"model": context["model"],
             "model_gradient_bytes": context.get("model_gradient_bytes"),
             "comm": {key: {"comm_json": c["comm_json"],
-                           "fits": {name: g["fit"] for name, g in c["result"]["groups"].items()}}
+                           "fits": {name: g.get("fit_mean") or g["fit"]
+                                    for name, g in c["result"]["groups"].items()}}
                      for key, c in context["comm"].items()},
             "profiles": {key: asdict(p) for key, p in context["profiles"].items()},
             "thread_speedup": context.get("thread_speedup", {}),

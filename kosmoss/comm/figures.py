@@ -127,10 +127,14 @@ def size_row(size: int, times: Sequence[float], ranks: int) -> dict:
     median = statistics.median(times)
     return {"bytes": size, "size": human_size(size), "repeats": len(times), "time_s": median,
             "min_time_s": min(times), "max_time_s": max(times),
+            "mean_time_s": statistics.fmean(times),  # what a training step pays on average
             "algbw_Bps": algbw(size, median), "busbw_Bps": busbw(size, median, ranks)}
 
 
-def fit_rows(rows: Sequence[dict], ranks: int) -> Optional[Fit]:
+def fit_rows(rows: Sequence[dict], ranks: int, statistic: str = "time_s") -> Optional[Fit]:
+    """The α–β fit of the rows' medians (``time_s``: what the link does), or of their
+    means (``mean_time_s``: what a training step pays, slow repeats included)."""
     if len({row["bytes"] for row in rows}) < 2:
         return None
-    return fit_alpha_beta([row["bytes"] for row in rows], [row["time_s"] for row in rows], ranks)
+    return fit_alpha_beta([row["bytes"] for row in rows], [row[statistic] for row in rows],
+                          ranks)

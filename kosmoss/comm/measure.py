@@ -94,5 +94,6 @@ def group_figures(name: str, plan: CommPlan, times: List[List[float]]) -> dict:
     """One collective's rows (a size each) and its α–β fit."""
     ranks = {"world": plan.ranks, "intra": plan.ranks_per_node, "inter": plan.nodes}[name]
     rows = [figures.size_row(size, repeats, ranks) for size, repeats in zip(plan.sizes, times)]
-    fit = figures.fit_rows(rows, ranks)
-    return {"ranks": ranks, "rows": rows, "fit": fit.as_dict() if fit else None}
+    fit, fit_mean = figures.fit_rows(rows, ranks), figures.fit_rows(rows, ranks, "mean_time_s")
+    return {"ranks": ranks, "rows": rows, "fit": fit.as_dict() if fit else None,
+            "fit_mean": fit_mean.as_dict() if fit_mean else None}

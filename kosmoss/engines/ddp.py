@@ -2,6 +2,7 @@
 ranks that share a GPU, NCCL for one rank per GPU (:func:`kosmoss.devices.sharing`)."""
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 from typing import Optional
 
@@ -30,8 +31,13 @@ class DDPEngine(Engine):
         options = {"timeout": timeout} if timeout else {}
         # Gradients live in DDP's all-reduce buckets: no copy of every gradient into them
         # and back each step (~2 MB a step for the course model), and no second copy in RAM.
+        # Bucket size and static_graph stay torch's: on 2 CPU ranks neither changed the
+        # step beyond the noise (python -m kosmoss.bench.ddp_anatomy, docs/benchmarks.md).
+        # broadcast_buffers=False: LitMLP's buffers are the dataset's statistics, equal on
+        # every rank and never trained; DDP would broadcast them from rank 0 before every
+        # forward, one more collective per step.
         return DDPStrategy(process_group_backend=share.backend, gradient_as_bucket_view=True,
-                           **options)
+                           broadcast_buffers=False, **options)
 
     def backend(self, share: Sharing, world_size: int) -> str:
         return share.backend if world_size > 1 else "none"
@@ -40,4 +46,8 @@ class DDPEngine(Engine):
         if torch.distributed.is_initialized():
             # Lightning leaves the group up; a rank exiting with gloo's threads alive was seen
             # to abort ("terminate called without an active exception", 1 torchrun run in 12).
+            # Lightning's teardown has dropped its DDP wrapper; collected now, its Reducer is
+            # not the group's last owner (as that, it destroys the group holding the GIL while
+            # gloo's thread waits for the GIL: a deadlock).
+            gc.collect()
             torch.distributed.destroy_process_group()

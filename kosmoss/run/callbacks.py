@@ -1,5 +1,5 @@
 """Callbacks that measure a run: steady-state throughput (with the times, losses and memory
-peaks `kosmoss bench` reads) and replica agreement."""
+peaks `kosmoss bench` reads) and replica agreement; and the checkpointing of every run."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +12,18 @@ import torch
 from ..devices import Sharing, apply_sharing, to_numpy
 from ..memory import peak_host_rss_mib
 from ..throughput import StepClock
+
+
+class CheckpointToTheEnd(pl.callbacks.ModelCheckpoint):
+    """Lightning's ModelCheckpoint, whose ``last.ckpt`` also holds the final step. Lightning
+    saves ``last`` after each validation and, at the end of training, only if it never saved
+    one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
+    it to train further trained the steps after that validation a second time."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        super().on_train_end(trainer, pl_module)
 
 
 class ThroughputMeter(pl.Callback):
@@ -29,6 +41,7 @@ class ThroughputMeter(pl.Callback):
         self.peak_host_rss_mib: List[float] = []
         self.peak_gpu_mib: List[float] = []
         self.page_faults_per_step: List[float] = []
+        self.step_time_cv: List[float] = []
         self._fit_start = 0.0
 
     @property
@@ -61,10 +74,11 @@ class ThroughputMeter(pl.Callback):
         if float(elapsed) > 0:
             self.samples_per_s = float(samples) / float(elapsed)
         gpu = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-        faults = self.clock.faults_per_step or 0.0
-        mine = torch.tensor([peak_host_rss_mib(), gpu, faults], device=device)
-        ranks = pl_module.all_gather(mine).reshape(-1, 3).T.tolist()
-        self.peak_host_rss_mib, self.peak_gpu_mib, self.page_faults_per_step = ranks
+        faults, jitter = self.clock.faults_per_step or 0.0, self.clock.step_cv or 0.0
+        mine = torch.tensor([peak_host_rss_mib(), gpu, faults, jitter], device=device)
+        ranks = pl_module.all_gather(mine).reshape(-1, 4).T.tolist()
+        (self.peak_host_rss_mib, self.peak_gpu_mib, self.page_faults_per_step,
+         self.step_time_cv) = ranks
 
 
 class PrecisionProbe(pl.Callback):

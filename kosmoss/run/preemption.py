@@ -47,6 +47,7 @@ class StopOnSignal(pl.Callback):
         # After Lightning registered its own handlers (Trainer._run), so these win.
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._note)
+        _no_sigterm_broadcast(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.world_size == 1:
@@ -90,3 +91,13 @@ class StopOnSignal(pl.Callback):
         if self.stopped_by != "SIGUSR1" or not job:
             return None
         return job if subprocess.run(["scontrol", "requeue", job]).returncode == 0 else None
+
+
+def _no_sigterm_broadcast(trainer) -> None:
+    """Lightning 2.6 broadcasts rank 0's SIGTERM flag before every training step when the
+    world is larger than one: a collective per step (9 % of a 2-rank CPU step at batch 256,
+    py-spy, 2026-11-24). Its handler that sets the flag is replaced above, so the flag is
+    always 0 here, and these ranks agree on stops about once a second instead."""
+    epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        epoch_loop._broadcast_sigterm_tensor = lambda: None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
+from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..data.datamodule import FlattenedDataModule
@@ -26,7 +26,7 @@ from ..diagnose.heartbeat import Heartbeat
 from ..errors import RunFailed
 from ..launch import Launcher, cluster_environment
 from ..model import LitMLP
-from .callbacks import GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
+from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .plan import RunPlan
 from .preemption import StopOnSignal
@@ -113,7 +113,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     config, topology, scaling = plan.config, plan.topology, plan.scaling
     steps_per_epoch = max(1, plan.split_sizes["train"] // scaling.global_batch_size)
     callbacks = callbacks + [
-        ModelCheckpoint(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True),
+        CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True),
     ]
     if config.progress:
         callbacks.append(RichProgressBar())

@@ -75,3 +75,16 @@ def test_kosmoss_steps_fault_no_more_pages_than_the_raw_loops(shared_home, monke
     meter = train(plan).meter
     assert meter.val_curve[-1]["val_loss"] == pytest.approx(limit["val_loss"], rel=1e-5)
     assert meter.page_faults_per_step[0] <= limit["page_faults_per_step"] + EXTRA_FAULTS_MAX
+
+
+def test_the_clock_measures_how_much_steps_jitter(monkeypatch):
+    """Step times 1, 3, 1, 3 s after the warm-up step: mean 2, standard deviation 1."""
+    from kosmoss import throughput
+
+    now = iter([0.0, 1.0, 4.0, 5.0, 8.0])  # the clock's readings at the end of each step
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(now))
+    clock = StepClock()
+    for _ in range(5):
+        clock.step_done(1, CPU)
+    assert clock.step_cv == pytest.approx(0.5)
+    assert StepClock().step_cv is None

@@ -1,10 +1,15 @@
-"""The two helpers the lessons share: ``script`` and ``sh``."""
+"""The helpers the lessons share: ``script``, ``sh`` and ``on_ranks``."""
+import json
 import sys
+import time
 
 import pytest
 
 from helpers import REPO
-from kosmoss.lessons import NOTEBOOK_COLUMNS, QUICK_ENV, quick, quiet_lightning, script, sh, source_root
+import psutil
+
+from kosmoss.lessons import (NOTEBOOK_COLUMNS, QUICK_ENV, on_ranks, quick, quiet_lightning, script,
+                             sh, source_root)
 
 
 def test_source_root_is_this_checkout():
@@ -65,3 +70,38 @@ def test_quiet_lightning_hides_banners_and_keeps_real_warnings_on_one_line(monke
     assert [str(w.message) for w in caught] == ["a real one"]
     assert warnings.formatwarning(UserWarning("a real one"), UserWarning, "x.py", 3) == \
         "UserWarning: a real one\n"
+
+
+def _sum_ranks(rank, world_size, port, folder):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    (folder / f"rank{rank}.json").write_text(json.dumps(
+        {"sum": total.item(), "threads": torch.get_num_threads()}))
+    dist.destroy_process_group()
+
+
+def test_on_ranks_runs_a_function_of_this_process_on_forked_gloo_ranks(tmp_path):
+    on_ranks(_sum_ranks, 3, tmp_path)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert seen == [{"sum": 6.0, "threads": 1}] * 3
+
+
+def _stuck(rank, world_size, port, folder):
+    (folder / f"pid{rank}").write_text("")
+    time.sleep(600)
+
+
+@pytest.mark.slow
+def test_on_ranks_that_hang_fail_the_cell_with_their_stacks_and_are_ended(tmp_path):
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(TimeoutError, match="did not finish within 3 s") as raised:
+        on_ranks(_stuck, 2, tmp_path, timeout_s=3)
+    assert "_stuck" in str(raised.value)  # py-spy's stack names where each rank was
+    time.sleep(0.5)
+    assert {p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE} \
+        <= before

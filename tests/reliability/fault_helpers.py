@@ -89,6 +89,30 @@ def processes_of(home: Path) -> List[psutil.Process]:
     return found
 
 
+def exit_code(home: Path, launcher: subprocess.Popen, timeout: float = 120) -> int:
+    """The launcher's exit code; if it does not end in time, fail with the Python stacks
+    of every process of the run (py-spy, as ``kosmoss stacks`` takes them) and its stderr,
+    so that a rare hang explains itself the first time it is seen."""
+    try:
+        return launcher.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    from kosmoss.diagnose.stacks import StackError, dump
+
+    report = []
+    for proc in [psutil.Process(launcher.pid)] + processes_of(home):
+        try:
+            threads = dump(proc.pid)
+        except (StackError, psutil.Error, OSError) as err:
+            report.append(f"pid {proc.pid}: {err}")
+            continue
+        for thread in threads:
+            frames = "\n    ".join(f"{f.name} ({f.filename}:{f.line})" for f in thread.frames)
+            report.append(f"pid {proc.pid} thread {thread.name}:\n    {frames}")
+    raise AssertionError(f"the launcher did not end within {timeout:g} s\n" + "\n".join(report)
+                         + "\n--- stderr ---\n" + stderr_of(home)[-3000:])
+
+
 def end_all(home: Path, launcher: subprocess.Popen) -> None:
     """Clean-up after a test: this test's processes only, by pid."""
     for proc in processes_of(home):

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from fault_helpers import (end_all, processes_of, records, run_dir, start, stderr_of, trained,
+from fault_helpers import (end_all, exit_code, processes_of, records, run_dir, start, stderr_of, trained,
                            wait_for)
 from kosmoss import records as run_records
 from kosmoss.launch import port_is_free
@@ -83,7 +83,7 @@ def test_a_killed_data_worker_ends_the_run_with_one_line(shared_home, tmp_path):
         wait_for(lambda: trained(home, ranks=1, step=1), "a trained step")
         worker = next(r["pid"] for r in records(home) if r["role"] == "worker")
         os.kill(worker, signal.SIGKILL)
-        assert launcher.wait(timeout=60) == 1
+        assert exit_code(home, launcher, timeout=60) == 1
         lines = [line for line in stderr_of(home).splitlines()
                  if line.startswith("trainup_cpu.py:")]
         assert len(lines) == 1 and f"a data worker (pid {worker}) of this rank died" in lines[0]

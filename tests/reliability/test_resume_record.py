@@ -73,3 +73,47 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
     assert metrics[:len(metrics_before)] == metrics_before and len(metrics) > len(metrics_before)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "finished" and record["attempts"][-1]["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_finished_run_trained_further_goes_on_from_its_last_step(shared_home, tmp_path):
+    """``--max-steps 30`` ends mid-epoch (26 steps an epoch), after the last validation:
+    trained further to 40 steps, the run starts at step 30, not at that validation, and ends
+    with the weights of a run given 40 steps from the start."""
+    flags = ("--dataset", str(shared_home / "data" / "tiny"), "--batch-size", "64",
+             "--hidden", "16")
+    straight_home, home = tmp_path / "straight", tmp_path / "home"
+    straight = _run(straight_home, *flags, "--max-steps", "40")
+    first = _run(home, *flags, "--max-steps", "30")
+    assert straight.returncode == 0 and first.returncode == 0, first.stderr[-3000:]
+    run_dir = next((home / "runs").iterdir())
+    resumed = _run(home, "--resume", run_dir.name, "--max-steps", "40")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    reference = json.loads((next((straight_home / "runs").iterdir()) / "result.json").read_text())
+    assert (result["resumed_from_step"], result["global_step"]) == (30, 40)
+    assert result["replica_checksums"] == reference["replica_checksums"]
+
+
+@pytest.mark.slow
+def test_resuming_a_run_that_still_runs_is_one_line_and_touches_nothing(shared_home, tmp_path):
+    from fault_helpers import end_all, run_dir, start, wait_for
+
+    home = tmp_path / "home"
+    launcher = start(home, shared_home / "data" / "tiny", "--hidden", "16")
+    try:
+        # After the first validation (26 steps an epoch) there is a last.ckpt to resume from.
+        wait_for(lambda: run_dir(home) and (run_dir(home) / "checkpoints" / "last.ckpt").is_file(),
+                 "the first last.ckpt")
+        folder = run_dir(home)
+        record = json.loads((folder / "run.json").read_text())
+        refused = _run(home, "--resume", folder.name)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"the run is still running (launcher pid {launcher.pid})" \
+            in lines[0], refused.stderr[-3000:]
+        after = json.loads((folder / "run.json").read_text())
+        assert (after["state"], len(after["attempts"])) == ("running", len(record["attempts"]))
+        assert launcher.poll() is None  # the run trains on
+    finally:
+        end_all(home, launcher)

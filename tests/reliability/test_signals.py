@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from fault_helpers import (end_all, processes_of, records, run_dir, start, stderr_of, trained,
+from fault_helpers import (end_all, exit_code, processes_of, records, run_dir, start, stderr_of, trained,
                            wait_for)
 from kosmoss import records as run_records
 
@@ -26,7 +26,7 @@ def test_sigterm_while_the_ranks_meet_stops_the_run(shared_home, tmp_path):
         # Rank 1 has recorded itself: it now joins the process group; no step was trained.
         wait_for(lambda: any(r.get("local_rank") == 1 for r in records(home)), "rank 1's record")
         launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=120) == 128 + signal.SIGTERM
+        assert exit_code(home, launcher) == 128 + signal.SIGTERM
         _one_line(home, "stopped by SIGTERM before a checkpoint could be saved")
         assert run_records.read_run(run_dir(home))["state"] == run_records.STOPPED
         assert {r["state"] for r in records(home)} == {run_records.STOPPED}  # rank 1 too
@@ -42,7 +42,7 @@ def test_ctrl_c_is_recorded_stopped_with_exit_code_130(shared_home, tmp_path):
     try:
         wait_for(lambda: trained(home, ranks=1, step=1), "a trained step")
         os.killpg(launcher.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
-        assert launcher.wait(timeout=120) == 128 + signal.SIGINT
+        assert exit_code(home, launcher) == 128 + signal.SIGINT
         _one_line(home, "stopped by SIGINT")
         record = run_records.read_run(run_dir(home))
         assert record["state"] == run_records.STOPPED, record

@@ -104,3 +104,25 @@ def test_one_process_checks_its_own_flag_every_step_without_a_collective(monkeyp
     callback.on_train_batch_end(trainer, module, None, None, 7)
     assert trainer.should_stop and callback.stopped_at_step == 7
     assert callback.stopped_by == "SIGUSR1" and callback.checks == 0
+
+
+def test_lightnings_per_step_sigterm_broadcast_is_off_in_kosmoss_runs(tmp_path, monkeypatch):
+    """Lightning broadcasts its SIGTERM flag before every step of a multi-rank run; kosmoss
+    replaces the handler that sets it, so the collective would only cost a step's time."""
+    import pytorch_lightning as pl
+    import torch.distributed as dist
+
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, default_root_dir=tmp_path)
+    loop = trainer.fit_loop.epoch_loop
+    assert hasattr(type(loop), "_broadcast_sigterm_tensor")  # the Lightning this targets
+    broadcasts = []
+    monkeypatch.setattr(dist, "broadcast", lambda *args, **kwargs: broadcasts.append(args))
+    previous = {sig: signal.getsignal(sig) for sig in preemption.STOP_SIGNALS}
+    try:
+        StopOnSignal(tmp_path).on_train_start(trainer, None)
+        loop._broadcast_sigterm_tensor()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert broadcasts == []

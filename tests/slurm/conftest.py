@@ -28,6 +28,9 @@ SlurmdLogFile={dir}/slurmd.log
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 ReturnToService=2
+# A loaded CI machine can take more than the default 60 s to end a requeued job's ranks:
+# Slurm would then drain the node and fail the job instead of requeueing it.
+UnkillableStepTimeout=300
 MpiDefault=none
 NodeName={host} CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP

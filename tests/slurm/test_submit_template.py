@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,16 @@ def _job_state(job, env):
     return next((w.split("=")[1] for w in out.split() if w.startswith("JobState=")), "")
 
 
+def _why(job, env, tmp_path):
+    """What Slurm and the job said, for a failure message: the job's record, the end of its
+    output and of slurmctld's log."""
+    record = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                            text=True).stdout
+    log = Path(env["SLURM_CONF"]).parent / "slurmctld.log"
+    return "\n".join([record, (tmp_path / "job.out").read_text()[-3000:],
+                      log.read_text()[-3000:] if log.is_file() else "no slurmctld.log"])
+
+
 def _wait_for(job, env, states, timeout=180):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,8 +95,7 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
     assert stopped["stopped_by"] == "SIGUSR1" and stopped["global_step"] > 0
     # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
-    assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", \
-        (tmp_path / "job.out").read_text()[-3000:]
+    assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", _why(job, env, tmp_path)
     resumed = json.loads(out.read_text())
     assert resumed["run_id"] == f"slurm-{job}" and resumed["stopped_by"] is None
     assert resumed["resumed_from_step"] == stopped["global_step"]

@@ -1,0 +1,215 @@
+"""Where N-rank CPU DDP loses against one process on the same cores, one change at a time.
+
+    python -m kosmoss.bench.ddp_anatomy --dataset DIR --batch-size 1024 --steps 200
+
+Every variant is the bench's raw loop (:func:`kosmoss.bench.baselines.raw_loop`: data in
+RAM, in-place normalisation, the MLP, MSE, Adam) at the same global batch, so that the
+gaps between consecutive lines are the cost of one thing each:
+
+1. ``1 process``: all the cores as torch threads (the ``raw-cpu`` row);
+2. ``N ranks, no communication``: each rank its share of the batch on its share of the
+   cores, nothing exchanged: what splitting the batch and the cores costs by itself;
+3. ``+ one flat all-reduce``: the gradients summed in one gloo collective after backward;
+4. ``+ DDP``: torch's DistributedDataParallel as kosmoss runs it (torch's buckets, 25 MiB
+   and a first one of 1 MiB, rebuilt after the first step; ``gradient_as_bucket_view``):
+   its hooks, its buckets (the table shows their sizes after the rebuild) and the overlap
+   of their all-reduce with backward on gloo's thread;
+5. variants of 4: ``static_graph``; 1 GiB buckets; two threads per rank (more threads
+   than cores);
+6. the kosmoss rows (Lightning's loop, the loader) are the bench's ``kosmoss-cpu`` and
+   ``ddp-cpu-2``: run ``kosmoss bench`` beside this for them.
+
+The variants are interleaved over ``--repeats`` rounds and the table gives each one's
+median samples/s and its ratio to the 1-process line of the same round.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..cli_support import OneLineParser
+from ..cpus import available_cores
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    ranks: int
+    comm: str  # none | flat | ddp
+    ddp_options: tuple = ()  # (key, value) pairs for DistributedDataParallel
+    threads_per_rank: Optional[int] = None  # default: the cores split over the ranks
+
+
+def variants(ranks: int) -> List[Variant]:
+    view = (("gradient_as_bucket_view", True),)  # as kosmoss.engines.ddp runs DDP
+    return [
+        Variant("1 process, every core", 1, "none"),
+        Variant(f"{ranks} ranks, no communication", ranks, "none"),
+        Variant("+ one flat all-reduce after backward", ranks, "flat"),
+        Variant("+ DDP as kosmoss runs it", ranks, "ddp", view),
+        Variant("DDP, static_graph", ranks, "ddp", view + (("static_graph", True),)),
+        Variant("DDP, 1 GiB buckets", ranks, "ddp", view + (("bucket_cap_mb", 1024),)),
+        Variant("DDP, 2 threads per rank", ranks, "ddp", view, threads_per_rank=2),
+    ]
+
+
+def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int, steps: int,
+          out: str) -> None:
+    import torch.distributed as dist
+
+    from ..allocator import pin_malloc_thresholds
+    from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
+    from ..data.store import open_dataset
+    from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
+    from ..model import LitMLP
+    from ..throughput import StepClock
+
+    pin_malloc_thresholds()
+    torch.set_num_threads(variant.threads_per_rank or max(1, available_cores() // variant.ranks))
+    if variant.ranks > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=variant.ranks)
+    prepared = open_dataset(Path(dataset), verify=False)
+    train_idx = split_indices(prepared.n_samples, SPLITS, 42)[0]
+    x, y = FlattenedDataset(prepared).read(train_idx)
+    torch.manual_seed(42)
+    model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, stats=prepared.statistics())
+    net = model.net
+    if variant.comm == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(net, **dict(variant.ddp_options))
+    optimizer = torch.optim.Adam(net.parameters(), lr=DEFAULT_LR)
+    sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=42)
+    clock, step = StepClock(), 0
+    warmup = 5  # DDP rebuilds its buckets after the first step: time the steady state
+    while step < steps + warmup:
+        sampler.set_epoch(step)
+        for batch in sampler:
+            mine = torch.from_numpy(np.asarray(batch)[rank::variant.ranks])
+            xb, yb = torch.index_select(x, 0, mine), torch.index_select(y, 0, mine)
+            loss = torch.nn.functional.mse_loss(net(xb.sub_(model.x_mean).div_(model.x_std)),
+                                                model.normalize_y(yb))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if variant.comm == "flat":
+                _flat_all_reduce([p.grad for p in net.parameters()], variant.ranks)
+            optimizer.step()
+            step += 1
+            if step <= warmup:
+                clock = StepClock()  # restarted: the steps before are the warm-up
+            clock.step_done(len(batch), torch.device("cpu"))
+            if step == steps + warmup:
+                break
+    if rank == 0:
+        buckets = net._get_ddp_logging_data().get("rebuilt_bucket_sizes") \
+            if variant.comm == "ddp" else None
+        Path(out).write_text(json.dumps({"samples_per_s": clock.samples_per_s,
+                                         "buckets": buckets}))
+    if variant.ranks > 1:
+        # DDP goes before its process group. torch's Reducer holds the group; as its last
+        # owner it destroys the group holding the GIL while gloo's thread waits for the GIL
+        # to free its last work: a deadlock, seen here once in a few dozen runs.
+        del net
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _flat_all_reduce(grads: List[torch.Tensor], ranks: int) -> None:
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat /= ranks
+    for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(summed)
+
+
+def measure(variant: Variant, dataset: Path, batch_size: int, steps: int) -> dict:
+    """Samples/s of the whole world (rank 0's clock: DDP keeps the ranks in step), and
+    DDP's bucket sizes in bytes after its rebuild."""
+    import torch.multiprocessing as mp
+
+    from ..launch import free_port
+
+    with tempfile.TemporaryDirectory(prefix="kosmoss-anatomy-") as scratch:
+        out = str(Path(scratch) / "rank0.json")
+        # spawn: each rank a fresh interpreter, as a launcher would start it.
+        mp.start_processes(_rank, args=(variant, free_port(), str(dataset), batch_size, steps,
+                                        out), nprocs=variant.ranks, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def run(dataset: Path, batch_size: int, steps: int, repeats: int, ranks: int,
+        echo=print) -> List[dict]:
+    chosen = variants(ranks)
+    seen: Dict[str, List[float]] = {v.name: [] for v in chosen}
+    buckets: Dict[str, Optional[str]] = {}
+    for repeat in range(repeats):  # interleaved: a drift in the load hits every line alike
+        for variant in chosen:
+            measured = measure(variant, dataset, batch_size, steps)
+            seen[variant.name].append(measured["samples_per_s"])
+            buckets[variant.name] = measured["buckets"]
+            echo(f"repeat {repeat + 1}/{repeats} {variant.name}: "
+                 f"{seen[variant.name][-1]:,.0f} samples/s")
+    single = seen[chosen[0].name]
+    rows = []
+    for variant in chosen:
+        ratios = [mine / theirs for mine, theirs in zip(seen[variant.name], single)]
+        rows.append({"variant": variant.name, "ranks": variant.ranks,
+                     "samples_per_s": statistics.median(seen[variant.name]),
+                     "ratio_to_1_process": statistics.median(ratios),
+                     "ratio_range": [min(ratios), max(ratios)], "repeats": seen[variant.name],
+                     "bucket_bytes": buckets[variant.name]})
+    return rows
+
+
+def render(rows: List[dict]) -> str:
+    lines = [f"{'variant':<40} {'ranks':>5} {'samples/s':>10} {'x 1 process':>12} {'range':>10}"
+             "  DDP buckets (bytes)"]
+    for row in rows:
+        low, high = row["ratio_range"]
+        lines.append(f"{row['variant']:<40} {row['ranks']:>5} {row['samples_per_s']:>10,.0f} "
+                     f"{row['ratio_to_1_process']:>12.2f} {f'{low:.2f}-{high:.2f}':>10}  "
+                     f"{row['bucket_bytes'] or ''}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = OneLineParser(prog="python -m kosmoss.bench.ddp_anatomy",
+                           description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", type=Path, required=True, help="a prepared dataset folder")
+    parser.add_argument("--batch-size", type=int, default=1024, help="the global batch")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per variant")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    for flag, value, least in (("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
+                               ("--repeats", args.repeats, 1), ("--ranks", args.ranks, 2)):
+        if value < least:
+            parser.error(f"{flag} {value}: must be at least {least}")
+    if args.batch_size % args.ranks:
+        parser.error(f"--batch-size {args.batch_size}: must divide by --ranks {args.ranks}")
+    if not (args.dataset / "metadata.json").is_file():
+        parser.error(f"--dataset {args.dataset}: not a prepared dataset (no metadata.json); "
+                     "prepare one with `kosmoss data prepare`")
+    rows = run(args.dataset, args.batch_size, args.steps, args.repeats, args.ranks)
+    print(render(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
