@@ -490,5 +490,7 @@ def profile_from_reference(reference: dict, share: float,
                        min_s=0.3, threads=1 if cpu else None)
     opt = opt / share if cpu else opt
     opt = min(opt, 0.5 * step)  # a busier machine now than during the run must not eat the step
+    fixed = min(reference.get("fixed_s") or 0.0, step - opt)
     return StepProfile(reference["batch"], step - opt, opt, share, reference["device"],
-                       reference["source"], step_cv=reference.get("step_time_cv") or 0.0)
+                       reference["source"], fixed_s=fixed,
+                       step_cv=reference.get("step_time_cv") or 0.0)

@@ -74,15 +74,16 @@ COMM_SIZES = (256 * 1024, 1024**2, 4 * 1024**2, 8 * 1024**2)  # and the model's 
 COMM_REPEATS = 15
 COMM_TIMEOUT_S = 300.0
 PREDICTION_MODEL = (
-    "kosmoss.projection: per-rank compute = the 1-rank row's step x (per-rank batch / "
-    "global batch) x (reference share / rank share), optimizer measured here and scaled by "
-    "the share; shares: on CPU the cores each has as they perform now (thread_speedup: "
-    "the 1-rank row's threads against each rank's, measured after the rows), on GPU 1/ranks "
-    "of the GPU the ranks share; + the wait for the slowest rank (the 1-rank row's step "
-    "jitter, std/mean, x per-rank compute x E[max of N normal draws]); + the all-reduce of "
-    "DDP's buckets (alpha-beta fit of the mean times of this bench's kosmoss comm run of "
-    "the row's topology), exposed after backward (no overlap on CPU: the ranks fill every "
-    "core)")
+    "kosmoss.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
+    "step - the raw loop's, once a step, scaled by neither batch nor share) + the rest of "
+    "the 1-rank row's step x (per-rank batch / global batch) x (reference share / rank "
+    "share), optimizer measured here and scaled by the share; shares: on CPU the cores each "
+    "has as they perform now (thread_speedup: the 1-rank row's threads against each rank's, "
+    "measured after the rows), on GPU 1/ranks of the GPU the ranks share; + the wait for "
+    "the slowest rank (the 1-rank row's step jitter, std/mean, x per-rank compute x E[max "
+    "of N normal draws]); + the all-reduce of DDP's buckets (alpha-beta fit of the mean "
+    "times of this bench's kosmoss comm run of the row's topology), exposed after backward "
+    "(no overlap on CPU: the ranks fill every core)")
 
 
 class ThreadProbes:
@@ -144,6 +145,16 @@ class PredictionMissing(Exception):
     """Why a multi-rank row has no predicted figures."""
 
 
+def framework_step_s(kosmoss_row: dict, raw_row: dict) -> float:
+    """What the framework adds to a step (Lightning's loop, hooks, the loader): the 1-rank
+    kosmoss row's step time − the raw loop's at the same batch, both of this bench. Python
+    on one thread: it neither shrinks with the per-rank batch nor speeds up with cores."""
+    if raw_row.get("status") != "measured" or not raw_row.get("samples_per_s"):
+        return 0.0
+    batch = kosmoss_row["batch_size"]
+    return max(0.0, batch / kosmoss_row["samples_per_s"] - batch / raw_row["samples_per_s"])
+
+
 def row_topology(setup: Setup) -> Tuple[int, int, str]:
     """(ranks, simulated nodes, device) of a multi-rank row, from its command's flags."""
     entry = list(setup.entry)
@@ -169,8 +180,9 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
         context["profiles"][setup.single] = profile_from_reference(
             {"samples_per_s": single["samples_per_s"], "batch": single["batch_size"],
              "device": device, "source": f"bench row {setup.single}",
-             "step_time_cv": single.get("step_time_cv")}, reference_share,
-            n_x=shape.n_x, n_y=shape.n_y)
+             "step_time_cv": single.get("step_time_cv"),
+             "fixed_s": framework_step_s(single, rows.get(single.get("versus") or "", {}))},
+            reference_share, n_x=shape.n_x, n_y=shape.n_y)
     profile = context["profiles"][setup.single]
     intra, inter = links_from_comm(comm, "kosmoss comm in the bench")
     cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,

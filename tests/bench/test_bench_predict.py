@@ -136,3 +136,13 @@ def test_thread_probes_run_only_for_multi_rank_cpu_rows(random_dataset, monkeypa
     probes.measure()
     probes.measure()
     assert probes.found == {"2 threads, batch 256": [0.5, 0.5]}
+
+
+def test_the_framework_cost_is_the_kosmoss_step_beyond_the_raw_loops():
+    from kosmoss.bench.runner import framework_step_s
+
+    kosmoss = {"batch_size": 256, "samples_per_s": 51_200.0}  # 5 ms a step
+    raw = {"status": "measured", "samples_per_s": 64_000.0}  # 4 ms a step
+    assert framework_step_s(kosmoss, raw) == pytest.approx(0.001)
+    assert framework_step_s(kosmoss, {"status": "skipped"}) == 0.0
+    assert framework_step_s(kosmoss, {**raw, "samples_per_s": 40_000.0}) == 0.0  # never < 0
