@@ -13,6 +13,21 @@ from ..errors import ConfigError
 from .base import Engine
 
 
+def no_buffer_sync_per_step() -> dict:
+    """DDP's option that stops it from broadcasting the module's buffers from rank 0 before
+    every forward: one collective per step, and LitMLP's buffers are the dataset's
+    statistics, equal on every rank and never trained. torch 2.13 renamed it
+    (``forward_sync_buffers``; ``broadcast_buffers`` now warns in every rank); torch 2.11,
+    the GPU machine's, has only the old name."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
+    return {name: False}
+
+
 class DDPEngine(Engine):
     name = "ddp"
     uses_process_group = True
@@ -33,11 +48,8 @@ class DDPEngine(Engine):
         # and back each step (~2 MB a step for the course model), and no second copy in RAM.
         # Bucket size and static_graph stay torch's: on 2 CPU ranks neither changed the
         # step beyond the noise (python -m kosmoss.bench.ddp_anatomy, docs/benchmarks.md).
-        # broadcast_buffers=False: LitMLP's buffers are the dataset's statistics, equal on
-        # every rank and never trained; DDP would broadcast them from rank 0 before every
-        # forward, one more collective per step.
         return DDPStrategy(process_group_backend=share.backend, gradient_as_bucket_view=True,
-                           broadcast_buffers=False, **options)
+                           **no_buffer_sync_per_step(), **options)
 
     def backend(self, share: Sharing, world_size: int) -> str:
         return share.backend if world_size > 1 else "none"

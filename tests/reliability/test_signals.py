@@ -3,7 +3,9 @@ signal's number, run.json ``stopped``, nothing left running. (Signals during tra
 tests/test_trainup_cpu.py, they checkpoint and resume bit for bit.)"""
 import os
 import signal
+from typing import Optional
 
+import psutil
 import pytest
 
 from fault_helpers import (end_all, exit_code, processes_of, records, run_dir, start, stderr_of, trained,
@@ -18,14 +20,35 @@ def _one_line(home, expected):
     assert "Traceback" not in err, err[-3000:]
 
 
+def _local_rank_1(launcher) -> Optional[psutil.Process]:
+    """The rank Lightning started beside the launcher, as soon as it exists."""
+    for child in psutil.Process(launcher.pid).children():
+        try:
+            if child.environ().get("LOCAL_RANK") == "1":
+                return child
+        except psutil.Error:
+            continue
+    return None
+
+
+def _resume(process: psutil.Process) -> None:
+    try:
+        process.resume()
+    except psutil.NoSuchProcess:
+        pass  # it died with the launcher (PR_SET_PDEATHSIG), stopped or not
+
+
 @pytest.mark.slow
 def test_sigterm_while_the_ranks_meet_stops_the_run(shared_home, tmp_path):
     home = tmp_path / "home"
     launcher = start(home, shared_home / "data" / "tiny", "--num-processes", "2")
     try:
-        # Rank 1 has recorded itself: it now joins the process group; no step was trained.
-        wait_for(lambda: any(r.get("local_rank") == 1 for r in records(home)), "rank 1's record")
+        # Rank 1 held while the signal goes out: rank 0 cannot have met it, let alone
+        # trained (on a quiet machine the meeting took less than this test's polling).
+        rank_1 = wait_for(lambda: _local_rank_1(launcher), "rank 1's process")
+        rank_1.suspend()
         launcher.send_signal(signal.SIGTERM)
+        _resume(rank_1)  # rank 0 may be waiting for it, with the signal not yet handled
         assert exit_code(home, launcher) == 128 + signal.SIGTERM
         _one_line(home, "stopped by SIGTERM before a checkpoint could be saved")
         assert run_records.read_run(run_dir(home))["state"] == run_records.STOPPED
