@@ -29,7 +29,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from .errors import UsageError
 
@@ -141,6 +141,7 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
     forever."""
     import torch.multiprocessing as mp
 
+    from .diagnose.stacks import stacks_text
     from .launch import free_port
 
     context = mp.start_processes(_forked_rank, args=(os.getpid(), function, world_size,
@@ -152,7 +153,8 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{world_size} ranks of {function.__name__} did not finish "
                                    f"within {timeout_s:g} s; where they were:\n"
-                                   + _stacks_of(p.pid for p in context.processes))
+                                   + stacks_text((p.pid for p in context.processes),
+                                                 native=True))
     finally:
         for process in context.processes:
             if process.is_alive():
@@ -170,22 +172,6 @@ def _forked_rank(rank: int, kernel: int, function: Callable, world_size: int, po
     torch.set_num_threads(1)  # the kernel's OpenMP pool does not survive a fork (lesson 3)
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     function(rank, world_size, port, *args)
-
-
-def _stacks_of(pids: Iterable[int]) -> str:
-    from .diagnose.stacks import StackError, dump
-
-    lines = []
-    for pid in pids:
-        try:
-            threads = dump(pid, native=True)
-        except (StackError, UsageError, OSError) as err:
-            lines.append(f"pid {pid}: {err}")
-            continue
-        for thread in threads:
-            frames = "\n    ".join(frame.short() for frame in thread.frames[:25])
-            lines.append(f"pid {pid}, thread {thread.name}:\n    {frames}")
-    return "\n".join(lines)
 
 
 def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,

@@ -27,6 +27,7 @@ The cost model (docs/scaling.md draws it):
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -199,6 +200,7 @@ def exposed_comm_s(shape: ModelShape, cluster: Cluster, backward_s: float) -> Tu
     return total, max(0.0, end - backward_s)
 
 
+@functools.lru_cache(maxsize=None)  # a projection grid asks for the same few n many times
 def expected_max_of_normals(n: int) -> float:
     """E[max of n independent standard normal draws] (0 for one, 0.564 for two, 1.029 for
     four, 1.424 for eight): ∫ x·n·φ(x)·Φ(x)^(n−1) dx, on a grid fine enough for 3 digits."""
@@ -216,7 +218,7 @@ def straggler_s(profile: StepProfile, compute_s: float, world: int) -> float:
     """Ranks meet at every step's all-reduce, so a step lasts as long as the slowest rank's
     compute: with each rank's step jittering by ``step_cv`` (the reference's, measured),
     the wait is E[max of ``world`` draws] − the mean."""
-    return profile.step_cv * compute_s * expected_max_of_normals(world)
+    return profile.step_cv * compute_s * expected_max_of_normals(world) if profile.step_cv else 0.0
 
 
 def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_batch: int) -> dict:

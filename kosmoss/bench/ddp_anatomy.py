@@ -90,10 +90,11 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
         net = DistributedDataParallel(net, **dict(variant.ddp_options))
     optimizer = torch.optim.Adam(net.parameters(), lr=DEFAULT_LR)
     sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=42)
-    clock, step = StepClock(), 0
+    clock, step, epoch = StepClock(), 0, 0
     warmup = 5  # DDP rebuilds its buckets after the first step: time the steady state
     while step < steps + warmup:
-        sampler.set_epoch(step)
+        sampler.set_epoch(epoch)
+        epoch += 1
         for batch in sampler:
             mine = torch.from_numpy(np.asarray(batch)[rank::variant.ranks])
             xb, yb = torch.index_select(x, 0, mine), torch.index_select(y, 0, mine)

@@ -27,7 +27,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from .runs import LiveRun, RunProcess, read_heartbeats
@@ -199,6 +199,22 @@ def dump(pid: int, native: bool = False, py_spy: Optional[str] = None) -> List[T
         return [_thread(raw) for raw in json.loads(done.stdout)]
     except (ValueError, KeyError, TypeError) as err:
         raise StackError(f"pid {pid}: py-spy's answer is not the JSON expected ({err})") from None
+
+
+def stacks_text(pids: Iterable[int], native: bool = False) -> str:
+    """Every thread's stack of each process, as text for a failure message (a hang that
+    must explain itself); a process that cannot be read says why."""
+    lines = []
+    for pid in pids:
+        try:
+            threads = dump(pid, native=native)
+        except (StackError, UsageError, OSError) as err:
+            lines.append(f"pid {pid}: {err}")
+            continue
+        for thread in threads:
+            frames = "\n    ".join(frame.short() for frame in thread.frames[:25])
+            lines.append(f"pid {pid}, thread {thread.name}:\n    {frames}")
+    return "\n".join(lines)
 
 
 def _failure(pid: int, message: str) -> Exception:

@@ -97,20 +97,27 @@ def exit_code(home: Path, launcher: subprocess.Popen, timeout: float = 120) -> i
         return launcher.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
-    from kosmoss.diagnose.stacks import StackError, dump
+    from kosmoss.diagnose.stacks import stacks_text
 
-    report = []
-    for proc in [psutil.Process(launcher.pid)] + processes_of(home):
-        try:
-            threads = dump(proc.pid)
-        except (StackError, psutil.Error, OSError) as err:
-            report.append(f"pid {proc.pid}: {err}")
-            continue
-        for thread in threads:
-            frames = "\n    ".join(f"{f.name} ({f.filename}:{f.line})" for f in thread.frames)
-            report.append(f"pid {proc.pid} thread {thread.name}:\n    {frames}")
-    raise AssertionError(f"the launcher did not end within {timeout:g} s\n" + "\n".join(report)
+    pids = [launcher.pid] + [proc.pid for proc in processes_of(home)]
+    raise AssertionError(f"the launcher did not end within {timeout:g} s\n" + stacks_text(pids)
                          + "\n--- stderr ---\n" + stderr_of(home)[-3000:])
+
+
+def rank_1_started(launcher: subprocess.Popen) -> Optional[psutil.Process]:
+    """Lightning's rank 1, as soon as it exists: still importing torch, long before the
+    process group forms."""
+    try:
+        children = psutil.Process(launcher.pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            if child.environ().get("LOCAL_RANK") == "1":
+                return child
+        except psutil.Error:
+            continue
+    return None
 
 
 def end_all(home: Path, launcher: subprocess.Popen) -> None:

@@ -7,31 +7,14 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
 
-from fault_helpers import (end_all, exit_code, processes_of, records, run_dir, start, stderr_of, trained,
-                           wait_for)
+from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir, start,
+                           stderr_of, trained, wait_for)
 from kosmoss import records as run_records
 from kosmoss.launch import port_is_free
 
 GONE_WITHIN_S = 10
-
-
-def _rank_1_started(launcher):
-    """Lightning's rank 1, as soon as it exists: still importing torch, long before the
-    process group forms (where gloo cannot notice its peer's death)."""
-    try:
-        children = psutil.Process(launcher.pid).children()
-    except psutil.NoSuchProcess:
-        return None
-    for child in children:
-        try:
-            if child.environ().get("LOCAL_RANK") == "1":
-                return child
-        except psutil.Error:
-            continue
-    return None
 
 
 def _assert_all_gone(home, port):
@@ -47,7 +30,7 @@ def test_sigkill_of_the_launcher_during_start_up_takes_rank_1_with_it(shared_hom
     home = tmp_path / "home"
     launcher = start(home, shared_home / "data" / "tiny", "--num-processes", "2")
     try:
-        rank_1 = wait_for(lambda: _rank_1_started(launcher), "Lightning to start rank 1")
+        rank_1 = wait_for(lambda: rank_1_started(launcher), "Lightning to start rank 1")
         port = int(rank_1.environ()["MASTER_PORT"])
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()

@@ -3,13 +3,12 @@ signal's number, run.json ``stopped``, nothing left running. (Signals during tra
 tests/test_trainup_cpu.py, they checkpoint and resume bit for bit.)"""
 import os
 import signal
-from typing import Optional
 
 import psutil
 import pytest
 
-from fault_helpers import (end_all, exit_code, processes_of, records, run_dir, start, stderr_of, trained,
-                           wait_for)
+from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir, start,
+                           stderr_of, trained, wait_for)
 from kosmoss import records as run_records
 
 
@@ -18,17 +17,6 @@ def _one_line(home, expected):
     lines = [line for line in err.splitlines() if line.startswith("trainup_cpu.py:")]
     assert len(lines) == 1 and expected in lines[0], err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-
-
-def _local_rank_1(launcher) -> Optional[psutil.Process]:
-    """The rank Lightning started beside the launcher, as soon as it exists."""
-    for child in psutil.Process(launcher.pid).children():
-        try:
-            if child.environ().get("LOCAL_RANK") == "1":
-                return child
-        except psutil.Error:
-            continue
-    return None
 
 
 def _resume(process: psutil.Process) -> None:
@@ -45,7 +33,7 @@ def test_sigterm_while_the_ranks_meet_stops_the_run(shared_home, tmp_path):
     try:
         # Rank 1 held while the signal goes out: rank 0 cannot have met it, let alone
         # trained (on a quiet machine the meeting took less than this test's polling).
-        rank_1 = wait_for(lambda: _local_rank_1(launcher), "rank 1's process")
+        rank_1 = wait_for(lambda: rank_1_started(launcher), "rank 1's process")
         rank_1.suspend()
         launcher.send_signal(signal.SIGTERM)
         _resume(rank_1)  # rank 0 may be waiting for it, with the signal not yet handled
