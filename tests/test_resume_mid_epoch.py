@@ -1,5 +1,6 @@
 """A run stopped mid-epoch and resumed ends with the weights of a run never stopped: the
 train loader's state travels in the checkpoint and the epoch continues its own order."""
+import signal
 import warnings
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.model import LitMLP
+from kosmoss.run.preemption import STOP_SIGNALS, StopOnSignal
 
 TOTAL_STEPS = 22  # 13 batches per epoch: stops fall in epochs 0 and 1
 
@@ -62,5 +64,31 @@ def test_resumed_mid_epoch_matches_an_uninterrupted_run(random_dataset, tmp_path
     # Only the remaining steps: a fit that started over (same seed) would end with the same
     # weights too, but its first step would be 0.
     assert (first.step, resumed.global_step) == (stop_at, TOTAL_STEPS)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_stop_asked_on_an_epochs_last_batch_waits_a_step_and_resumes_exactly(random_dataset,
+                                                                               tmp_path):
+    """Lightning resumes a checkpoint saved on an epoch's last batch one epoch late (its
+    data order then differs): StopOnSignal stops one step on instead."""
+    _, reference = _fit(random_dataset, TOTAL_STEPS)
+    stopper = StopOnSignal(tmp_path)
+
+    class SignalDuringTheLastBatch(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 12:  # the 13th batch, the last of epoch 0
+                stopper._note(signal.SIGTERM, None)
+
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        _fit(random_dataset, TOTAL_STEPS, [SignalDuringTheLastBatch(), stopper])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert (stopper.stopped_by, stopper.stopped_at_step) == ("SIGTERM", 14)
+    first = FirstStep()
+    _, model = _fit(random_dataset, TOTAL_STEPS, [first], ckpt_path=stopper.checkpoint)
+    assert first.step == 14
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)

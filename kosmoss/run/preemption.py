@@ -39,6 +39,7 @@ class StopOnSignal(pl.Callback):
         self.checks = 0  # flag exchanges between the ranks (collectives) so far
         self._next_check_step = 0
         self._last_check: Optional[tuple] = None  # (global step, perf_counter) of the last one
+        self._stop_next_step: Optional[int] = None  # a signal agreed on an epoch's last batch
 
     def _note(self, signum, frame) -> None:
         self.received = signum
@@ -50,13 +51,21 @@ class StopOnSignal(pl.Callback):
         _no_sigterm_broadcast(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._stop_next_step:
+            self._stop(trainer, self._stop_next_step)
+            return
         if trainer.world_size == 1:
             signum = self.received or 0
         elif trainer.global_step >= self._next_check_step:
             signum = self._agree(trainer, pl_module.device)
         else:
             return
-        if signum:
+        if signum and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # Lightning 2.6 resumes a checkpoint taken on an epoch's last batch one epoch
+            # late (its epoch counter, so the data order, moves on twice): stop one step on.
+            # Every rank has as many batches, so every rank waits alike.
+            self._stop_next_step = signum
+        elif signum:
             self._stop(trainer, signum)
 
     def _agree(self, trainer, device) -> int:

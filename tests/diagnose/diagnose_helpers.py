@@ -34,14 +34,26 @@ def start_tiny_run(run_dir: Path, home: Path, log: Path, *flags: str) -> subproc
 
 
 def end_all(home: Path, started: List[subprocess.Popen]) -> None:
-    """SIGKILL everything running with this KOSMOSS_HOME, and what the test started."""
+    """SIGKILL everything running with this KOSMOSS_HOME, and what the test started; return
+    once they are gone (a kill is delivered after the call returns: a check right after it
+    could still see them alive)."""
+    killed = []
     for proc in psutil.process_iter():
         try:
             if proc.environ().get("KOSMOSS_HOME") == str(home) and proc.pid != os.getpid():
                 proc.kill()
+                killed.append(proc)
         except psutil.Error:
             continue
     for popen in started:
         if popen.poll() is None:
             popen.kill()
         popen.wait(timeout=10)
+    wait_until(lambda: not any(_alive(proc) for proc in killed), 10, "the killed processes to end")
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

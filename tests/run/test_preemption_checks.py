@@ -13,6 +13,11 @@ from kosmoss.run import preemption
 from kosmoss.run.preemption import StopOnSignal
 
 
+# What StopOnSignal reads of Lightning's loop: no step is an epoch's last.
+ENDLESS_EPOCH = SimpleNamespace(epoch_loop=SimpleNamespace(
+    batch_progress=SimpleNamespace(is_last_batch=False)))
+
+
 class World:
     """A max all-reduce between ``size`` threads, and each thread's own clock."""
 
@@ -33,7 +38,8 @@ class World:
 
 
 def fake_trainer(world: World, rank: int, size: int) -> SimpleNamespace:
-    trainer = SimpleNamespace(world_size=size, global_step=0, should_stop=False, saved=[])
+    trainer = SimpleNamespace(world_size=size, global_step=0, should_stop=False, saved=[],
+                              fit_loop=ENDLESS_EPOCH)
     trainer.strategy = SimpleNamespace(
         reduce=lambda tensor, reduce_op: world.reduce(rank, tensor))
     trainer.save_checkpoint = lambda path: trainer.saved.append((path, trainer.global_step))
@@ -95,7 +101,8 @@ def test_one_process_checks_its_own_flag_every_step_without_a_collective(monkeyp
 
     callback = StopOnSignal("/ckpt")
     trainer = SimpleNamespace(world_size=1, global_step=7, should_stop=False,
-                              strategy=SimpleNamespace(reduce=no_collective), saved=[])
+                              strategy=SimpleNamespace(reduce=no_collective), saved=[],
+                              fit_loop=ENDLESS_EPOCH)
     trainer.save_checkpoint = lambda path: trainer.saved.append(path)
     module = SimpleNamespace(device=torch.device("cpu"))
     callback.on_train_batch_end(trainer, module, None, None, 6)
