@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 
 from kosmoss.data.datamodule import FlattenedDataModule
+from kosmoss.engines.ddp import DDPEngine
 from kosmoss.model import LitMLP
 
 
@@ -30,6 +31,8 @@ def main() -> None:
     if trainer.is_global_zero:
         with open(args.out, "w") as out:
             json.dump({**metrics, "world_size": trainer.world_size}, out)
+    # As every kosmoss run ends: a rank exiting with gloo's threads alive may abort.
+    DDPEngine().shutdown()
 
 
 if __name__ == "__main__":

@@ -55,6 +55,11 @@ def _job_state(job, env):
     return next((w.split("=")[1] for w in out.split() if w.startswith("JobState=")), "")
 
 
+def _node_state(env):
+    return subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def _why(job, env, tmp_path):
     """What Slurm and the job said, for a failure message: the job's record, the end of its
     output and of slurmctld's log."""
@@ -93,7 +98,10 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
     assert out.is_file(), (tmp_path / "job.out").read_text()[-3000:]
     stopped = json.loads(out.read_text())
     assert stopped["stopped_by"] == "SIGUSR1" and stopped["global_step"] > 0
-    # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait.
+    # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait,
+    # but for the node to have ended the first attempt: started on a node still completing
+    # it, the job is killed ("Job credential revoked") and ends FAILED.
+    wait_for(lambda: _node_state(env) == "idle", "the node to end the first attempt")
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
     assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", _why(job, env, tmp_path)
     resumed = json.loads(out.read_text())
