@@ -1,6 +1,7 @@
 """slurm/submit.sbatch on a real one-node Slurm, 2 tasks on CPU."""
 import csv
 import json
+import math
 import subprocess
 import sys
 import time
@@ -95,13 +96,17 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
     wait_for(lambda: _steps(run_dir) and min(_steps(run_dir)) >= 30, "30 steps on both tasks")
     subprocess.run(["scancel", "--signal", "USR1", job], env=env, check=True)
     _wait_for(job, env, {"PENDING"})  # requeued by kosmoss
+    requeued_at = time.time()
     assert out.is_file(), (tmp_path / "job.out").read_text()[-3000:]
     stopped = json.loads(out.read_text())
     assert stopped["stopped_by"] == "SIGUSR1" and stopped["global_step"] > 0
-    # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait,
-    # but for the node to have ended the first attempt: started on a node still completing
-    # it, the job is killed ("Job credential revoked") and ends FAILED.
+    # Slurm holds a requeued job ~2 minutes before it is eligible; the test does not wait
+    # that long, only until the node has ended the first attempt and a new second has
+    # begun: slurmd revokes the first credential at the requeue and refuses any credential
+    # of that job created in the same whole second (slurm_cred.c: `cred->ctime <= revoked`),
+    # so a restart in that second is killed ("Job credential revoked") and ends FAILED.
     wait_for(lambda: _node_state(env) == "idle", "the node to end the first attempt")
+    time.sleep(max(0.0, math.floor(requeued_at) + 1.5 - time.time()))
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
     assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", _why(job, env, tmp_path)
     resumed = json.loads(out.read_text())
