@@ -24,6 +24,17 @@ def test_modes_read_the_same(random_dataset):
         torch.testing.assert_close(FlattenedDataset(random_dataset, mode=mode)[idx], a)
 
 
+def test_ram_modes_hold_one_tensor_each_and_gather_once(random_dataset, monkeypatch):
+    assert len(random_dataset.shards) > 1
+    data = FlattenedDataset(random_dataset, mode="controlled")
+    assert [t.shape[0] for t in data._x] == [len(data)]  # shards concatenated in order
+    calls = []
+    real = torch.index_select
+    monkeypatch.setattr(torch, "index_select", lambda *a, **k: calls.append(1) or real(*a, **k))
+    data[np.array([999, 3, 500, 128, 127, 3, 640])]
+    assert len(calls) == 2  # x and y, whatever the shards the rows come from
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_mode_gathers_on_the_gpu(random_dataset):
