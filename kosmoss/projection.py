@@ -180,6 +180,10 @@ class Cluster:
     share: float = 1.0  # resources per rank, in the reference step's units
     overlap: bool = True
     single_share: float = 1.0  # what one device alone has (a CPU node's cores; 1 GPU)
+    # The ranks' wait for the slowest at each all-reduce, measured (kosmoss comm
+    # --compute-s); None: modelled from the reference's jitter (straggler_s).
+    wait_s: Optional[float] = None
+    ddp_s: float = 0.0  # DDP's own cost a step on each rank, besides the transfer (measured)
 
     @property
     def world(self) -> int:
@@ -224,15 +228,18 @@ def straggler_s(profile: StepProfile, compute_s: float, world: int) -> float:
 def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_batch: int) -> dict:
     """Predicted step of each rank, samples/s of the world, efficiency, comm share."""
     batch = global_batch / cluster.world
-    compute = profile.compute_s(batch, cluster.share)
+    compute = profile.compute_s(batch, cluster.share) + (cluster.ddp_s if cluster.world > 1
+                                                          else 0.0)
     backward = profile.backward_s(batch, cluster.share, shape.backward_share)
     comm, exposed = exposed_comm_s(shape, cluster, backward) if cluster.world > 1 else (0.0, 0.0)
-    wait = straggler_s(profile, compute, cluster.world)
+    wait = straggler_s(profile, compute, cluster.world) if cluster.wait_s is None or \
+        cluster.world < 2 else cluster.wait_s
     step = compute + wait + exposed
     single = global_batch / profile.compute_s(global_batch, cluster.single_share)
     samples_per_s = global_batch / step
     return {"devices_per_node": cluster.per_node, "nodes": cluster.nodes, "world": cluster.world,
-            "per_device_batch": batch, "compute_s": compute, "straggler_s": wait, "comm_s": comm,
+            "per_device_batch": batch, "compute_s": compute,
+            "ddp_s": cluster.ddp_s if cluster.world > 1 else 0.0, "straggler_s": wait, "comm_s": comm,
             "exposed_comm_s": exposed, "step_s": step, "samples_per_s": samples_per_s,
             "speedup": samples_per_s / single,
             "efficiency": samples_per_s / (cluster.world * single),
@@ -442,6 +449,63 @@ def time_step(batch: int, device: str = "cpu", hidden: Sequence[int] = (100, 100
     finally:
         torch.set_num_threads(before)
     return statistics.median(fb), statistics.median(opt)
+
+
+def ddp_overhead_s(batch: int, threads: int = 1, rounds: int = 7, steps: int = 60,
+                   hidden: Sequence[int] = (100, 100, 100), n_x: int = 4128,
+                   n_y: int = 552) -> Optional[float]:
+    """What DDP adds to a rank's CPU step besides the transfer: its forward wrapper, the
+    Reducer's hooks and bucket handling, timed as kosmoss runs DDP (gradients as bucket
+    views, no buffer sync) on a 1-rank gloo group, against the bare model; median of the
+    alternated rounds' median steps. None where this process is in a group already."""
+    import statistics
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .engines.ddp import no_buffer_sync_per_step
+    from .model import mlp
+
+    if dist.is_initialized():
+        return None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x, y = torch.randn(batch, n_x), torch.randn(batch, n_y)
+        bare = mlp(n_x, hidden, n_y)
+        with warnings.catch_warnings():  # DDP warns that one rank has nothing to reduce
+            warnings.simplefilter("ignore")
+            wrapped = DistributedDataParallel(mlp(n_x, hidden, n_y), gradient_as_bucket_view=True,
+                                              **no_buffer_sync_per_step())
+        times = {"bare": [], "ddp": []}
+        for k in range(rounds):
+            for name, model in (("bare", bare), ("ddp", wrapped))[::1 if k % 2 else -1]:
+                times[name].append(_median_step(model, x, y, steps))
+        del wrapped  # before the group: a Reducer must not be the group's last owner
+        return max(0.0, statistics.median(times["ddp"]) - statistics.median(times["bare"]))
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(before)
+
+
+def _median_step(model, x, y, steps: int) -> float:
+    import statistics
+
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    times = []
+    for step in range(steps + 3):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        if step >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def thread_speedup(batch: int, threads: int, rounds: int = 3, min_s: float = 0.3,

@@ -55,6 +55,20 @@ def test_predict_reproduces_a_hand_computed_case():
     assert row["comm_share"] == pytest.approx(comm / step)
 
 
+def test_a_measured_wait_replaces_the_modelled_straggler():
+    profile = StepProfile(batch=1024, forward_backward_s=0.100, optimizer_s=0.010, share=1.0,
+                          device="cpu", source="test", step_cv=0.1)
+    shape = ModelShape(gradient_bytes=2_000_000, buckets=((2_000_000, 1.0),), backward_share=0.5)
+    modelled = Cluster(per_node=2, nodes=1, intra=LINK, inter=SLOW, overlap=False)
+    measured = replace(modelled, wait_s=0.004)
+    row = projection.predict(profile, shape, modelled, global_batch=1024)
+    assert row["straggler_s"] == pytest.approx(0.1 * 0.060 * 0.5642, rel=1e-3)  # E[max of 2]
+    row = projection.predict(profile, shape, measured, global_batch=1024)
+    comm = 2 * 10e-6 + 2_000_000 / 1e9
+    assert row["straggler_s"] == 0.004
+    assert row["step_s"] == pytest.approx(0.060 + 0.004 + comm)
+
+
 def test_overlap_hides_all_but_the_last_bucket():
     profile = StepProfile(1000, 0.010, 0.0, 1.0, "cuda", "test")
     shape = ModelShape(2_000_000, ((1_000_000, 0.5), (1_000_000, 1.0)), backward_share=0.6)
@@ -204,3 +218,13 @@ def test_jittering_ranks_wait_for_the_slowest_at_every_step():
         projection.predict(steady, shape, cluster, 1024)["step_s"] + row["straggler_s"])
     one = projection.predict(profile, shape, replace(cluster, per_node=1), 1024)
     assert one["straggler_s"] == 0.0  # nobody to wait for
+
+
+def test_ddp_overhead_is_timed_on_a_group_of_its_own_and_leaves_none():
+    import torch
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    cost = projection.ddp_overhead_s(16, threads=1, rounds=1, steps=3, hidden=(8,), n_x=32, n_y=4)
+    assert isinstance(cost, float) and cost >= 0
+    assert not dist.is_initialized() and torch.get_num_threads() == threads

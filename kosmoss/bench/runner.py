@@ -71,7 +71,7 @@ def command_line() -> str:
 
 
 COMM_SIZES = (256 * 1024, 1024**2, 4 * 1024**2, 8 * 1024**2)  # and the model's buckets
-COMM_REPEATS = 15
+COMM_REPEATS = 60  # single all-reduces after compute: their mean is what a step pays
 COMM_TIMEOUT_S = 300.0
 PREDICTION_MODEL = (
     "kosmoss.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
@@ -79,11 +79,13 @@ PREDICTION_MODEL = (
     "the 1-rank row's step x (per-rank batch / global batch) x (reference share / rank "
     "share), optimizer measured here and scaled by the share; shares: on CPU the cores each "
     "has as they perform now (thread_speedup: the 1-rank row's threads against each rank's, "
-    "measured after the rows), on GPU 1/ranks of the GPU the ranks share; + the wait for "
-    "the slowest rank (the 1-rank row's step jitter, std/mean, x per-rank compute x E[max "
-    "of N normal draws]); + the all-reduce of DDP's buckets (alpha-beta fit of the mean "
-    "times of this bench's kosmoss comm run of the row's topology), exposed after backward "
-    "(no overlap on CPU: the ranks fill every core)")
+    "measured after the rows), on GPU 1/ranks of the GPU the ranks share; + the all-reduce "
+    "of DDP's buckets (alpha-beta fit of the mean times of this bench's kosmoss comm run of "
+    "the row's topology, each all-reduce after the per-rank compute time of the MLP's "
+    "forward+backward: --compute-s), exposed after backward (no overlap on CPU: the ranks "
+    "fill every core); + the ranks' wait for the slowest, measured by that comm run at the "
+    "gradients' size; + DDP's own cost a step on CPU besides the transfer (its hooks and "
+    "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s)")
 
 
 class ThreadProbes:
@@ -173,7 +175,6 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
     if single.get("status") != "measured" or not single.get("samples_per_s"):
         raise PredictionMissing(f"no measured 1-rank row ({setup.single}) in this bench")
     ranks, nodes, device = row_topology(setup)
-    comm = _comm(setup, (ranks, nodes, device), shape, plan, out_dir, context, echo)
     gpu = device == "cuda"
     reference_share, rank_share = _shares(setup, rows, gpu, shape, context)
     if setup.single not in context["profiles"]:
@@ -184,10 +185,39 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
              "fixed_s": framework_step_s(single, rows.get(single.get("versus") or "", {}))},
             reference_share, n_x=shape.n_x, n_y=shape.n_y)
     profile = context["profiles"][setup.single]
+    global_batch = rows[setup.id]["batch_size"]
+    # The all-reduces timed as this row's steps meet them: after each rank's compute.
+    compute_s = profile.compute_s(global_batch / ranks, rank_share)
+    comm = _comm(setup, (ranks, nodes, device), shape, plan, out_dir, context, echo, compute_s)
     intra, inter = links_from_comm(comm, "kosmoss comm in the bench")
     cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,
-                      overlap=gpu, single_share=reference_share)
-    return predict(profile, shape, cluster, rows[setup.id]["batch_size"])
+                      overlap=gpu, single_share=reference_share,
+                      wait_s=gradient_wait_s(comm, shape.gradient_bytes),
+                      ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape, context))
+    return predict(profile, shape, cluster, global_batch)
+
+
+def _ddp_cost(batch: int, ranks: int, shape, context: dict) -> float:
+    """DDP's own cost a step on a CPU rank of ``batch`` rows (projection.ddp_overhead_s),
+    measured once per batch and thread count."""
+    from ..cpus import cores_per_process
+    from ..projection import ddp_overhead_s
+
+    threads = cores_per_process(ranks)
+    costs = context.setdefault("ddp_overhead_s", {})
+    key = probe_key(batch, threads)
+    if key not in costs:
+        costs[key] = ddp_overhead_s(batch, threads, n_x=shape.n_x, n_y=shape.n_y) or 0.0
+    return costs[key]
+
+
+def gradient_wait_s(comm: dict, gradient_bytes: int) -> Optional[float]:
+    """The ranks' measured wait for the last one at the all-reduce of the size nearest the
+    model's gradients (kosmoss comm --compute-s), or None (back-to-back timings)."""
+    rows = [r for r in comm["groups"]["world"]["rows"] if "wait_s" in r]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: abs(r["bytes"] - gradient_bytes))["wait_s"]
 
 
 def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,
@@ -217,9 +247,10 @@ def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,
 
 
 def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_dir: Path,
-          context: dict, echo: Callable[[str], None]) -> dict:
-    """The kosmoss comm measurement of this topology (one per topology per bench)."""
-    key = "{}x{}-{}".format(*topology)
+          context: dict, echo: Callable[[str], None], compute_s: float) -> dict:
+    """The kosmoss comm measurement of this topology, each all-reduce after ``compute_s``
+    of compute (one per topology and compute time per bench)."""
+    key = "{}x{}-{}-{:.1f}ms".format(*topology, compute_s * 1e3)
     if key in context["comm"]:
         return context["comm"][key]["result"]
     ranks, nodes, device = topology
@@ -228,8 +259,9 @@ def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_d
     sizes = sorted(set(COMM_SIZES) | {size for size, _ in shape.buckets})
     argv = [sys.executable, "-m", "kosmoss.commands.comm", "--ranks", str(ranks), "--nodes",
             str(nodes), "--backend", "gloo", "--device", device, "--repeats", str(COMM_REPEATS),
-            "--out", str(folder), "--sizes", *map(str, sizes)]
-    echo(f"predict {setup.id}: kosmoss comm --ranks {ranks} --nodes {nodes} ({device})")
+            "--compute-s", f"{compute_s:.6f}", "--out", str(folder), "--sizes", *map(str, sizes)]
+    echo(f"predict {setup.id}: kosmoss comm --ranks {ranks} --nodes {nodes} --compute-s "
+         f"{compute_s:.4f} ({device})")
     code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
     if code != 0 or not (folder / "comm.json").is_file():
         raise PredictionMissing(f"kosmoss comm failed ({'timed out' if code is None else code}): "
@@ -251,6 +283,7 @@ def prediction_summary(context: dict) -> dict:
                      for key, c in context["comm"].items()},
             "profiles": {key: asdict(p) for key, p in context["profiles"].items()},
             "thread_speedup": context.get("thread_speedup", {}),
+            "ddp_overhead_s": context.get("ddp_overhead_s", {}),
             "thread_speedup_probes": context.get("thread_speedup_probes", {})}
 
 

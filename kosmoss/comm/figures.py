@@ -55,8 +55,11 @@ def default_sizes(extra: Iterable[int] = (), max_size: Optional[int] = None) -> 
     return sorted(s for s in sizes if max_size is None or s <= max_size)
 
 
-def model_gradient_bytes(n_x: int = 4128, hidden: Sequence[int] = (100, 100, 100),
-                         n_y: int = 552) -> int:
+MODEL_SHAPE = (4128, (100, 100, 100), 552)  # kosmoss's MLP on 137 levels: n_x, hidden, n_y
+
+
+def model_gradient_bytes(n_x: int = MODEL_SHAPE[0], hidden: Sequence[int] = MODEL_SHAPE[1],
+                         n_y: int = MODEL_SHAPE[2]) -> int:
     """Bytes of float32 gradients of kosmoss's MLP: what DDP all-reduces every step."""
     return FLOAT32_BYTES * sum(p.numel() for p in model_parameters(n_x, hidden, n_y))
 
@@ -122,13 +125,18 @@ def link_from_fit(fit: Fit) -> Dict[str, Optional[float]]:
             "bandwidth_Bps": None if bandwidth is None else bandwidth * bus_factor(fit.ranks)}
 
 
-def size_row(size: int, times: Sequence[float], ranks: int) -> dict:
-    """One size's figures from its repeats (each the slowest rank's time)."""
+def size_row(size: int, times: Sequence[float], ranks: int,
+             waits: Optional[Sequence[float]] = None) -> dict:
+    """One size's figures from its repeats (each the slowest rank's time); ``waits``
+    (all-reduces after compute): how long the mean rank waited for the last to arrive."""
     median = statistics.median(times)
-    return {"bytes": size, "size": human_size(size), "repeats": len(times), "time_s": median,
-            "min_time_s": min(times), "max_time_s": max(times),
-            "mean_time_s": statistics.fmean(times),  # what a training step pays on average
-            "algbw_Bps": algbw(size, median), "busbw_Bps": busbw(size, median, ranks)}
+    row = {"bytes": size, "size": human_size(size), "repeats": len(times), "time_s": median,
+           "min_time_s": min(times), "max_time_s": max(times),
+           "mean_time_s": statistics.fmean(times),  # what a training step pays on average
+           "algbw_Bps": algbw(size, median), "busbw_Bps": busbw(size, median, ranks)}
+    if waits is not None:
+        row["wait_s"] = statistics.fmean(waits)
+    return row
 
 
 def fit_rows(rows: Sequence[dict], ranks: int, statistic: str = "time_s") -> Optional[Fit]:

@@ -14,18 +14,24 @@ from . import figures
 from .ranks import CommPlan, plan_as_dict, run
 
 DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 2
+MAX_COMPUTE_S = 10.0  # --compute-s: a training step's compute, not a sleep of minutes
 
 
 def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "auto",
               sizes: Optional[Iterable[int]] = None, max_size: Optional[int] = None,
-              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP) -> CommPlan:
+              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+              compute_s: float = 0.0) -> CommPlan:
     """The plan, or a UsageError naming the flag; ``sizes`` None: 4 KiB..256 MiB, the
-    model's gradient and DDP's bucket."""
+    model's gradient and DDP's bucket; ``compute_s`` > 0: each all-reduce after that much
+    model compute (kosmoss.comm.ranks)."""
     import torch
 
     from ..cpus import cores_per_process
 
     _check_counts(ranks, nodes, repeats, warmup)
+    if not 0 <= compute_s <= MAX_COMPUTE_S:
+        raise UsageError(f"--compute-s {compute_s:g}: give 0 (back to back) up to "
+                         f"{MAX_COMPUTE_S:g} seconds of compute before each all-reduce")
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     if device == "cuda" and not cuda:
@@ -34,7 +40,8 @@ def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "
     backend = _backend(backend, device, ranks, torch.cuda.device_count() if cuda else 0)
     chosen = _sizes(sizes, max_size)
     return CommPlan(ranks=ranks, nodes=nodes, backend=backend, device=device, sizes=chosen,
-                    repeats=repeats, warmup=warmup, threads_per_rank=cores_per_process(ranks))
+                    repeats=repeats, warmup=warmup, threads_per_rank=cores_per_process(ranks),
+                    compute_s=compute_s)
 
 
 def _check_counts(ranks: int, nodes: int, repeats: int, warmup: int) -> None:
@@ -90,10 +97,18 @@ def measure(plan: CommPlan, master_port: Optional[int] = None) -> dict:
     }
 
 
-def group_figures(name: str, plan: CommPlan, times: List[List[float]]) -> dict:
+def _times_and_waits(repeats) -> tuple:
+    """A size's repeats: a list of times (back to back), or times and waits (after compute)."""
+    return (repeats["times"], repeats["waits"]) if isinstance(repeats, dict) else (repeats, None)
+
+
+def group_figures(name: str, plan: CommPlan, times: List) -> dict:
     """One collective's rows (a size each) and its α–β fit."""
     ranks = {"world": plan.ranks, "intra": plan.ranks_per_node, "inter": plan.nodes}[name]
-    rows = [figures.size_row(size, repeats, ranks) for size, repeats in zip(plan.sizes, times)]
+    rows = []
+    for size, repeats in zip(plan.sizes, times):
+        taken, waits = _times_and_waits(repeats)
+        rows.append(figures.size_row(size, taken, ranks, waits))
     fit, fit_mean = figures.fit_rows(rows, ranks), figures.fit_rows(rows, ranks, "mean_time_s")
     return {"ranks": ranks, "rows": rows, "fit": fit.as_dict() if fit else None,
             "fit_mean": fit_mean.as_dict() if fit_mean else None}

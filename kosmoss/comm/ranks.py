@@ -12,6 +12,13 @@ Per size: ``warmup`` all-reduces, then ``repeats`` timed repeats; a repeat is a 
 then ``iters`` back-to-back all-reduces (nccl-tests' loop: enough to last about
 ``MIN_REPEAT_S``, agreed by all ranks), divided by ``iters``. A repeat's time is the
 slowest rank's.
+
+With ``compute_s`` > 0 the all-reduces are timed as a training step meets them: each
+follows a forward+backward of kosmoss's MLP lasting about ``compute_s`` on every rank, with
+no barrier. A repeat is then one all-reduce; its time is the last rank's to arrive (the
+others also waited for it), and the ranks' spread in arrival is kept as ``wait_s`` (the
+time a step loses to the slowest rank: each rank's wait is its own time minus the last
+one's, as all end together).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from typing import Dict, List, Tuple
 
 MIN_REPEAT_S = 0.005
 GROUP_TIMEOUT_S = 120  # a rank that never arrives fails the run instead of hanging it
+MAX_COMPUTE_ROWS = 65536  # --compute-s: the rows of one compute step at most
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class CommPlan:
     repeats: int
     warmup: int
     threads_per_rank: int
+    compute_s: float = 0.0  # > 0: each all-reduce follows this much model compute
 
     @property
     def ranks_per_node(self) -> int:
@@ -123,18 +132,73 @@ def _member_group(rank_lists: List[List[int]], rank: int):
     return mine
 
 
-def _time_size(size: int, plan: CommPlan, device, group) -> List[float]:
-    """The repeats' times of one size, each the slowest rank's (seconds per all-reduce)."""
+def _time_size(size: int, plan: CommPlan, device, group):
+    """The repeats' times of one size, each the slowest rank's (seconds per all-reduce);
+    after compute, with the ranks' waits (:func:`_after_compute`)."""
     import torch
     import torch.distributed as dist
 
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    if plan.compute_s > 0:
+        return _after_compute(tensor, plan, device, group)
     warm = [_timed_loop(tensor, 1, device, group) for _ in range(max(1, plan.warmup))]
     iters = _agreed_iters(min(warm), device)
     times = torch.tensor([_timed_loop(tensor, iters, device, group) / iters
                           for _ in range(plan.repeats)], dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective ends when its slowest rank does
     return times.tolist()
+
+
+def _after_compute(tensor, plan: CommPlan, device, group) -> dict:
+    """Repeats of (compute, all-reduce): the last rank's all-reduce time of each, and the
+    mean rank's wait for it (mean of the ranks' times − the last one's)."""
+    import torch
+    import torch.distributed as dist
+
+    step = _model_step(plan.compute_s, device, group)
+    for _ in range(plan.warmup):
+        step()
+        dist.all_reduce(tensor, group=group)
+    mine = []
+    for _ in range(plan.repeats):
+        step()
+        _sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        _sync(device)
+        mine.append(time.perf_counter() - start)
+    ranks = dist.get_world_size(group)
+    every = [torch.zeros(plan.repeats, dtype=torch.float64, device=device) for _ in range(ranks)]
+    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device), group=group)
+    times = torch.stack(every).cpu()  # ranks x repeats
+    last = times.min(dim=0).values
+    return {"times": last.tolist(), "waits": (times.mean(dim=0) - last).tolist()}
+
+
+def _model_step(compute_s: float, device, group):
+    """A forward+backward of kosmoss's MLP on as many rows as last about ``compute_s`` here
+    (the same rows on every rank: the slowest rank's count)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..model import mlp
+    from .figures import MODEL_SHAPE
+
+    n_x, hidden, n_y = MODEL_SHAPE
+    model = mlp(n_x, hidden, n_y).to(device)
+
+    def run(rows: int):
+        inputs = torch.randn(rows, n_x, device=device)
+        return lambda: model(inputs).square().mean().backward()
+
+    probe, start = run(64), time.perf_counter()
+    for _ in range(3):
+        probe()
+    _sync(device)
+    rows = torch.tensor([64 * compute_s * 3 / max(time.perf_counter() - start, 1e-9)],
+                        dtype=torch.float64, device=device)
+    dist.all_reduce(rows, op=dist.ReduceOp.MIN, group=group)
+    return run(max(1, min(MAX_COMPUTE_ROWS, int(float(rows)))))
 
 
 def _timed_loop(tensor, iters: int, device, group) -> float:

@@ -14,7 +14,7 @@ from .figures import human_size
 
 OUTPUTS = ("comm.json", "comm.csv", "comm.png")
 CSV_COLUMNS = ("group", "ranks", "bytes", "size", "repeats", "time_s", "min_time_s",
-               "max_time_s", "algbw_Bps", "busbw_Bps")
+               "max_time_s", "mean_time_s", "wait_s", "algbw_Bps", "busbw_Bps")
 
 
 def _gbps(value) -> str:
@@ -27,18 +27,25 @@ def _time(seconds: float) -> str:
 
 def table(result: dict) -> Table:
     plan = result["plan"]
+    spaced = plan.get("compute_s", 0) > 0
+    how = (f", each after {_time(plan['compute_s'])} of compute (mean: what a step pays; "
+           "wait: the mean rank's for the last)" if spaced else "")
     grid = Table(title=f"kosmoss comm: all-reduce, {plan['ranks']} ranks ({plan['nodes']} "
                        f"node(s) x {plan['ranks_per_node']}), {plan['backend']} on "
-                       f"{plan['device']}, median of {plan['repeats']}",
+                       f"{plan['device']}, median of {plan['repeats']}{how}",
                  caption=_caption(result), caption_justify="left")
-    for name in ("group", "size", "time", "algbw GB/s", "busbw GB/s", "min..max"):
+    columns = ("group", "size", "time", *(("mean", "wait") if spaced else ()), "algbw GB/s",
+               "busbw GB/s", "min..max")
+    for name in columns:
         grid.add_column(name, justify="left" if name == "group" else "right")
     marks = {result["model_gradient_bytes"]: " (gradients)",
              result["ddp_bucket_bytes"]: " (bucket)"}
     for name, group in result["groups"].items():
         for row in group["rows"]:
+            extra = (_time(row["mean_time_s"]), _time(row["wait_s"])) if spaced else ()
             grid.add_row(f"{name} ({group['ranks']})", row["size"] + marks.get(row["bytes"], ""),
-                         _time(row["time_s"]), _gbps(row["algbw_Bps"]), _gbps(row["busbw_Bps"]),
+                         _time(row["time_s"]), *extra, _gbps(row["algbw_Bps"]),
+                         _gbps(row["busbw_Bps"]),
                          f"{_time(row['min_time_s'])}..{_time(row['max_time_s'])}")
     return grid
 

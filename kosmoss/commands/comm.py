@@ -5,6 +5,7 @@
     kosmoss comm --ranks 2 --sizes 1M 8M 32M --repeats 5 --json
     kosmoss comm --ranks 4 --nodes 2               # 2 simulated nodes: world, intra, inter
     kosmoss comm --ranks 2 --backend gloo --device cuda   # ranks sharing one GPU
+    kosmoss comm --ranks 2 --sizes 1.86M --repeats 50 --compute-s 0.005   # as in training
 
 Writes comm.json (``kosmoss project --comm`` reads it), comm.csv and comm.png into --out
 (default: a new folder under $KOSMOSS_HOME/runs/).
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--repeats", type=int, default=10, metavar="N",
         help="timed repeats per size, median reported (default %(default)s)")
     add("--warmup", type=int, default=2, metavar="N", help="untimed all-reduces first (default 2)")
+    add("--compute-s", type=float, default=0.0, metavar="SECONDS",
+        help="time each all-reduce as training meets it: after about SECONDS of the MLP's "
+             "forward+backward on every rank, one per repeat, no barrier (default 0: back to "
+             "back, as nccl-tests)")
     add("--out", type=Path, default=None, metavar="DIR",
         help="write comm.json/.csv/.png here: a new or empty folder, or an earlier comm's")
     add("--json", action="store_true", help="print comm.json instead of the table")
@@ -62,7 +67,7 @@ def comm_command(args: argparse.Namespace) -> None:
     sizes = None if args.sizes is None else [figures.parse_size(s, "--sizes") for s in args.sizes]
     max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
     plan = make_plan(args.ranks, args.nodes, args.backend, args.device, sizes, max_size,
-                     args.repeats, args.warmup)
+                     args.repeats, args.warmup, args.compute_s)
     out_dir = output_folder(args.out)
     progress = Console(stderr=True, highlight=False)
     progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "

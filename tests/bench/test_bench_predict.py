@@ -31,6 +31,7 @@ def no_measuring(monkeypatch):
     monkeypatch.setattr(projection, "thread_speedup", lambda batch, threads, **k: float(threads))
     monkeypatch.setattr(projection, "time_step", lambda *a, **k: (0.004, 0.001))
     monkeypatch.setattr(runner, "_comm", lambda setup, topology, *a: comm_json(*topology[:2]))
+    monkeypatch.setattr(projection, "ddp_overhead_s", lambda batch, threads, **k: 0.0)
     monkeypatch.setattr("kosmoss.cpus.available_cores", lambda: 2)
 
 
@@ -72,6 +73,31 @@ def test_without_its_one_rank_row_or_with_horovod_a_row_says_why(random_dataset,
     assert rows["ddp-cpu-2"]["predicted_samples_per_s"] is None
     assert "no measured 1-rank row (kosmoss-cpu)" in rows["ddp-cpu-2"]["prediction_note"]
     assert "Horovod" in rows["horovod-cpu-2"]["prediction_note"]
+
+
+def test_comm_runs_after_the_ranks_compute_and_its_wait_is_the_straggler(
+        random_dataset, tmp_path, no_measuring, monkeypatch):
+    size = model_gradient_bytes(random_dataset.n_x, (100, 100, 100), random_dataset.n_y)
+    asked = []
+
+    def spaced_comm(setup, topology, shape, plan, out_dir, context, echo, compute_s):
+        asked.append(compute_s)
+        result = comm_json(*topology[:2])
+        result["groups"]["world"]["rows"] = [  # the wait nearest the gradients' size counts
+            {"bytes": size // 8, "wait_s": 0.5}, {"bytes": size + 4, "wait_s": 0.002}]
+        return result
+
+    monkeypatch.setattr(runner, "_comm", spaced_comm)
+    monkeypatch.setattr(projection, "ddp_overhead_s", lambda batch, threads, **k: 0.0003)
+    setups, rows = synthetic_rows()
+    context = runner.predict_rows(setups, rows, plan_for(random_dataset), tmp_path, print)
+    ddp = rows["ddp-cpu-2"]["prediction"]
+    step_1 = 256 / 37.0
+    assert asked == [pytest.approx((step_1 - 0.0005) * (128 / 256) * 2 + 0.0005 * 2)]
+    assert ddp["compute_s"] == pytest.approx(asked[0] + 0.0003) and ddp["ddp_s"] == 0.0003
+    assert ddp["straggler_s"] == 0.002
+    assert ddp["step_s"] == pytest.approx(asked[0] + 0.0003 + 0.002 + ALPHA + BETA * size)
+    assert runner.prediction_summary(context)["ddp_overhead_s"] == {"1 threads, batch 128": 0.0003}
 
 
 def test_a_failed_comm_run_leaves_a_note_not_a_crash(random_dataset, tmp_path, monkeypatch,

@@ -29,6 +29,7 @@ def fails(capsys, argv) -> str:
     (["--repeats", "0"], "--repeats 0: must be >= 1"),
     (["--backend", "nccl", "--device", "cpu"], "--backend nccl: NCCL reduces CUDA tensors only"),
     (["--ranks", "two"], "argument --ranks: invalid int value: 'two'"),
+    (["--compute-s=-0.01"], "--compute-s -0.01: give 0 (back to back) up to 10 seconds"),
 ])
 def test_bad_flags_are_one_line(capsys, tmp_path, argv, message):
     out = tmp_path / "out"
@@ -91,3 +92,20 @@ def test_simulated_nodes_time_the_two_halves_of_a_hierarchical_all_reduce(tmp_pa
     for group in groups.values():
         assert all(row["min_time_s"] <= row["mean_time_s"] <= row["max_time_s"]
                    for row in group["rows"])
+
+
+@pytest.mark.slow
+def test_all_reduces_after_compute_keep_the_ranks_wait(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = tmp_path / "comm"
+    assert comm.main(["--ranks", "2", "--sizes", "1M", "8M", "--repeats", "6", "--compute-s",
+                      "0.004", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plan"]["compute_s"] == 0.004
+    rows = result["groups"]["world"]["rows"]
+    for row in rows:  # one all-reduce a repeat: the last rank's time, and the others' wait
+        assert row["repeats"] == 6 and 0 < row["min_time_s"] <= row["mean_time_s"]
+        assert row["wait_s"] >= 0
+    assert rows[0]["time_s"] < rows[1]["time_s"]  # 8x the bytes, after compute too
+    with (out / "comm.csv").open() as handle:
+        assert all(float(r["wait_s"]) >= 0 for r in csv.DictReader(handle))
