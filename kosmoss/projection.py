@@ -184,6 +184,9 @@ class Cluster:
     # --compute-s); None: modelled from the reference's jitter (straggler_s).
     wait_s: Optional[float] = None
     ddp_s: float = 0.0  # DDP's own cost a step on each rank, besides the transfer (measured)
+    # A rank's compute with every rank computing ÷ with it alone (memory and caches they
+    # share; kosmoss comm --compute-s measures it): scales all of the step but the fixed cost.
+    contention: float = 1.0
 
     @property
     def world(self) -> int:
@@ -228,8 +231,10 @@ def straggler_s(profile: StepProfile, compute_s: float, world: int) -> float:
 def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_batch: int) -> dict:
     """Predicted step of each rank, samples/s of the world, efficiency, comm share."""
     batch = global_batch / cluster.world
-    compute = profile.compute_s(batch, cluster.share) + (cluster.ddp_s if cluster.world > 1
-                                                          else 0.0)
+    compute = profile.compute_s(batch, cluster.share)
+    if cluster.world > 1:
+        compute = profile.fixed_s + (compute - profile.fixed_s) * cluster.contention + \
+            cluster.ddp_s
     backward = profile.backward_s(batch, cluster.share, shape.backward_share)
     comm, exposed = exposed_comm_s(shape, cluster, backward) if cluster.world > 1 else (0.0, 0.0)
     wait = straggler_s(profile, compute, cluster.world) if cluster.wait_s is None or \
@@ -239,7 +244,9 @@ def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_ba
     samples_per_s = global_batch / step
     return {"devices_per_node": cluster.per_node, "nodes": cluster.nodes, "world": cluster.world,
             "per_device_batch": batch, "compute_s": compute,
-            "ddp_s": cluster.ddp_s if cluster.world > 1 else 0.0, "straggler_s": wait, "comm_s": comm,
+            "ddp_s": cluster.ddp_s if cluster.world > 1 else 0.0,
+            "contention": cluster.contention if cluster.world > 1 else 1.0,
+            "straggler_s": wait, "comm_s": comm,
             "exposed_comm_s": exposed, "step_s": step, "samples_per_s": samples_per_s,
             "speedup": samples_per_s / single,
             "efficiency": samples_per_s / (cluster.world * single),

@@ -67,6 +67,12 @@ def test_a_measured_wait_replaces_the_modelled_straggler():
     comm = 2 * 10e-6 + 2_000_000 / 1e9
     assert row["straggler_s"] == 0.004
     assert row["step_s"] == pytest.approx(0.060 + 0.004 + comm)
+    # Ranks slowing each other by 10 %, and DDP's 1 ms: all but the fixed cost scales.
+    profile = replace(profile, fixed_s=0.020)
+    row = projection.predict(profile, shape, replace(measured, contention=1.1, ddp_s=0.001),
+                             global_batch=1024)
+    compute = 0.020 + 0.080 * 512 / 1024 + 0.010
+    assert row["compute_s"] == pytest.approx(0.020 + (compute - 0.020) * 1.1 + 0.001)
 
 
 def test_overlap_hides_all_but_the_last_bucket():

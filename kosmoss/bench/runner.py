@@ -85,7 +85,9 @@ PREDICTION_MODEL = (
     "forward+backward: --compute-s), exposed after backward (no overlap on CPU: the ranks "
     "fill every core); + the ranks' wait for the slowest, measured by that comm run at the "
     "gradients' size; + DDP's own cost a step on CPU besides the transfer (its hooks and "
-    "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s)")
+    "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s); all "
+    "but the fixed cost x the ranks' contention (that comm run's training steps side by "
+    "side / alone)")
 
 
 class ThreadProbes:
@@ -193,7 +195,8 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
     cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,
                       overlap=gpu, single_share=reference_share,
                       wait_s=gradient_wait_s(comm, shape.gradient_bytes),
-                      ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape, context))
+                      ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape, context),
+                      contention=side_by_side(comm, shape.gradient_bytes))
     return predict(profile, shape, cluster, global_batch)
 
 
@@ -211,13 +214,24 @@ def _ddp_cost(batch: int, ranks: int, shape, context: dict) -> float:
     return costs[key]
 
 
+def _gradient_row(comm: dict, gradient_bytes: int, key: str) -> Optional[dict]:
+    """The comm row nearest the model's gradients that has ``key`` (an after-compute run)."""
+    rows = [r for r in comm["groups"]["world"]["rows"] if key in r]
+    return min(rows, key=lambda r: abs(r["bytes"] - gradient_bytes)) if rows else None
+
+
 def gradient_wait_s(comm: dict, gradient_bytes: int) -> Optional[float]:
     """The ranks' measured wait for the last one at the all-reduce of the size nearest the
     model's gradients (kosmoss comm --compute-s), or None (back-to-back timings)."""
-    rows = [r for r in comm["groups"]["world"]["rows"] if "wait_s" in r]
-    if not rows:
-        return None
-    return min(rows, key=lambda r: abs(r["bytes"] - gradient_bytes))["wait_s"]
+    row = _gradient_row(comm, gradient_bytes, "wait_s")
+    return None if row is None else row["wait_s"]
+
+
+def side_by_side(comm: dict, gradient_bytes: int) -> float:
+    """A rank's training step with every rank computing ÷ alone, as that comm run measured
+    it (1 for back-to-back timings)."""
+    row = _gradient_row(comm, gradient_bytes, "compute_alone_s")
+    return row["compute_s"] / row["compute_alone_s"] if row and row["compute_alone_s"] else 1.0
 
 
 def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,

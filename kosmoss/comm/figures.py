@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -126,9 +126,11 @@ def link_from_fit(fit: Fit) -> Dict[str, Optional[float]]:
 
 
 def size_row(size: int, times: Sequence[float], ranks: int,
-             waits: Optional[Sequence[float]] = None) -> dict:
-    """One size's figures from its repeats (each the slowest rank's time); ``waits``
-    (all-reduces after compute): how long the mean rank waited for the last to arrive."""
+             waits: Optional[Sequence[float]] = None,
+             compute: Optional[Tuple[float, float]] = None) -> dict:
+    """One size's figures from its repeats (each the slowest rank's time). After compute:
+    ``waits``, how long the mean rank waited for the last to arrive; ``compute``, the mean
+    compute step's seconds with every rank computing and with one alone."""
     median = statistics.median(times)
     row = {"bytes": size, "size": human_size(size), "repeats": len(times), "time_s": median,
            "min_time_s": min(times), "max_time_s": max(times),
@@ -136,6 +138,8 @@ def size_row(size: int, times: Sequence[float], ranks: int,
            "algbw_Bps": algbw(size, median), "busbw_Bps": busbw(size, median, ranks)}
     if waits is not None:
         row["wait_s"] = statistics.fmean(waits)
+    if compute is not None:
+        row["compute_s"], row["compute_alone_s"] = compute
     return row
 
 

@@ -98,8 +98,11 @@ def measure(plan: CommPlan, master_port: Optional[int] = None) -> dict:
 
 
 def _times_and_waits(repeats) -> tuple:
-    """A size's repeats: a list of times (back to back), or times and waits (after compute)."""
-    return (repeats["times"], repeats["waits"]) if isinstance(repeats, dict) else (repeats, None)
+    """A size's repeats: a list of times (back to back), or times, waits and the compute
+    steps' times side by side and alone (after compute)."""
+    if not isinstance(repeats, dict):
+        return repeats, None, None
+    return repeats["times"], repeats["waits"], (repeats["compute_s"], repeats["compute_alone_s"])
 
 
 def group_figures(name: str, plan: CommPlan, times: List) -> dict:
@@ -107,8 +110,8 @@ def group_figures(name: str, plan: CommPlan, times: List) -> dict:
     ranks = {"world": plan.ranks, "intra": plan.ranks_per_node, "inter": plan.nodes}[name]
     rows = []
     for size, repeats in zip(plan.sizes, times):
-        taken, waits = _times_and_waits(repeats)
-        rows.append(figures.size_row(size, taken, ranks, waits))
+        taken, waits, compute = _times_and_waits(repeats)
+        rows.append(figures.size_row(size, taken, ranks, waits, compute))
     fit, fit_mean = figures.fit_rows(rows, ranks), figures.fit_rows(rows, ranks, "mean_time_s")
     return {"ranks": ranks, "rows": rows, "fit": fit.as_dict() if fit else None,
             "fit_mean": fit_mean.as_dict() if fit_mean else None}

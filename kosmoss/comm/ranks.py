@@ -14,11 +14,13 @@ then ``iters`` back-to-back all-reduces (nccl-tests' loop: enough to last about
 slowest rank's.
 
 With ``compute_s`` > 0 the all-reduces are timed as a training step meets them: each
-follows a forward+backward of kosmoss's MLP lasting about ``compute_s`` on every rank, with
-no barrier. A repeat is then one all-reduce; its time is the last rank's to arrive (the
-others also waited for it), and the ranks' spread in arrival is kept as ``wait_s`` (the
-time a step loses to the slowest rank: each rank's wait is its own time minus the last
-one's, as all end together).
+follows a training step of kosmoss's MLP (forward, backward, Adam) lasting about
+``compute_s`` on one rank alone, run on every rank, with no barrier. A repeat is then one
+all-reduce; its time is the last rank's to arrive (the others also waited for it), and the
+ranks' spread in arrival is kept as ``wait_s`` (the time a step loses to the slowest rank:
+each rank's wait is its own time minus the last one's, as all end together). The steps'
+mean time side by side against alone (``compute_s`` / ``compute_alone_s``) is what ranks
+sharing a host's memory and caches cost each other.
 """
 from __future__ import annotations
 
@@ -150,34 +152,48 @@ def _time_size(size: int, plan: CommPlan, device, group):
 
 
 def _after_compute(tensor, plan: CommPlan, device, group) -> dict:
-    """Repeats of (compute, all-reduce): the last rank's all-reduce time of each, and the
-    mean rank's wait for it (mean of the ranks' times − the last one's)."""
+    """Repeats of (a training step, all-reduce): the last rank's all-reduce time of each,
+    the mean rank's wait for it (mean of the ranks' times − the last one's), and how long
+    the steps took side by side against one rank alone."""
     import torch
     import torch.distributed as dist
 
-    step = _model_step(plan.compute_s, device, group)
+    step, alone = _model_step(plan.compute_s, device, group)
     for _ in range(plan.warmup):
         step()
         dist.all_reduce(tensor, group=group)
-    mine = []
+    mine, computed = [], []
     for _ in range(plan.repeats):
+        start = time.perf_counter()
         step()
         _sync(device)
-        start = time.perf_counter()
+        computed.append(time.perf_counter() - start)
         dist.all_reduce(tensor, group=group)
         _sync(device)
-        mine.append(time.perf_counter() - start)
-    ranks = dist.get_world_size(group)
-    every = [torch.zeros(plan.repeats, dtype=torch.float64, device=device) for _ in range(ranks)]
-    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device), group=group)
-    times = torch.stack(every).cpu()  # ranks x repeats
+        mine.append(time.perf_counter() - start - computed[-1])
+    times = _gathered(mine, device, group)  # ranks x repeats
     last = times.min(dim=0).values
-    return {"times": last.tolist(), "waits": (times.mean(dim=0) - last).tolist()}
+    return {"times": last.tolist(), "waits": (times.mean(dim=0) - last).tolist(),
+            "compute_s": float(_gathered(computed, device, group).mean()),
+            "compute_alone_s": float(_gathered([alone], device, group).mean())}
+
+
+def _gathered(values: List[float], device, group):
+    """Every rank's ``values``, as a (ranks, len) CPU tensor."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    return torch.stack(every).cpu()
 
 
 def _model_step(compute_s: float, device, group):
-    """A forward+backward of kosmoss's MLP on as many rows as last about ``compute_s`` here
-    (the same rows on every rank: the slowest rank's count)."""
+    """A training step of kosmoss's MLP (forward, backward, Adam) on as many rows as last
+    about ``compute_s`` on one rank alone (the same rows on every rank: the slowest
+    rank's count), and its time alone. Each rank times itself while the others wait, so
+    the repeats show what ranks computing side by side cost each other (memory, caches)."""
     import torch
     import torch.distributed as dist
 
@@ -186,19 +202,47 @@ def _model_step(compute_s: float, device, group):
 
     n_x, hidden, n_y = MODEL_SHAPE
     model = mlp(n_x, hidden, n_y).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
 
     def run(rows: int):
         inputs = torch.randn(rows, n_x, device=device)
-        return lambda: model(inputs).square().mean().backward()
 
-    probe, start = run(64), time.perf_counter()
-    for _ in range(3):
-        probe()
-    _sync(device)
-    rows = torch.tensor([64 * compute_s * 3 / max(time.perf_counter() - start, 1e-9)],
-                        dtype=torch.float64, device=device)
-    dist.all_reduce(rows, op=dist.ReduceOp.MIN, group=group)
-    return run(max(1, min(MAX_COMPUTE_ROWS, int(float(rows)))))
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            model(inputs).square().mean().backward()
+            optimizer.step()
+        return step
+
+    rows, alone = 64, 0.0
+    for _ in range(2):  # from 64 rows, then once more from the first guess: Adam's cost
+        step = run(rows)  # does not grow with the rows, so one guess undershoots
+        alone = _alone(step, device, group)
+        guess = torch.tensor([rows * compute_s / alone], dtype=torch.float64, device=device)
+        dist.all_reduce(guess, op=dist.ReduceOp.MIN, group=group)
+        rows = max(1, min(MAX_COMPUTE_ROWS, int(float(guess))))
+    step = run(rows)
+    return step, _alone(step, device, group)
+
+
+def _alone(step, device, group, times: int = 3) -> float:
+    """Seconds of one ``step`` on this rank while every other rank waits (a warm-up step,
+    then the median of ``times``)."""
+    import statistics
+
+    import torch.distributed as dist
+
+    taken = []
+    for turn in range(dist.get_world_size(group)):
+        dist.barrier(group=group)
+        if turn == dist.get_rank(group):
+            step()
+            for _ in range(times):
+                start = time.perf_counter()
+                step()
+                _sync(device)
+                taken.append(time.perf_counter() - start)
+    dist.barrier(group=group)
+    return statistics.median(taken)
 
 
 def _timed_loop(tensor, iters: int, device, group) -> float:

@@ -83,8 +83,9 @@ def test_comm_runs_after_the_ranks_compute_and_its_wait_is_the_straggler(
     def spaced_comm(setup, topology, shape, plan, out_dir, context, echo, compute_s):
         asked.append(compute_s)
         result = comm_json(*topology[:2])
-        result["groups"]["world"]["rows"] = [  # the wait nearest the gradients' size counts
-            {"bytes": size // 8, "wait_s": 0.5}, {"bytes": size + 4, "wait_s": 0.002}]
+        result["groups"]["world"]["rows"] = [  # the row nearest the gradients' size counts
+            {"bytes": size // 8, "wait_s": 0.5, "compute_s": 9.0, "compute_alone_s": 1.0},
+            {"bytes": size + 4, "wait_s": 0.002, "compute_s": 0.0125, "compute_alone_s": 0.01}]
         return result
 
     monkeypatch.setattr(runner, "_comm", spaced_comm)
@@ -94,9 +95,12 @@ def test_comm_runs_after_the_ranks_compute_and_its_wait_is_the_straggler(
     ddp = rows["ddp-cpu-2"]["prediction"]
     step_1 = 256 / 37.0
     assert asked == [pytest.approx((step_1 - 0.0005) * (128 / 256) * 2 + 0.0005 * 2)]
-    assert ddp["compute_s"] == pytest.approx(asked[0] + 0.0003) and ddp["ddp_s"] == 0.0003
+    # All but the framework's fixed cost (kosmoss-cpu's step − raw-cpu's) slows by 1.25.
+    fixed = runner.framework_step_s(rows["kosmoss-cpu"], rows["raw-cpu"])
+    assert fixed > 0 and ddp["contention"] == pytest.approx(1.25) and ddp["ddp_s"] == 0.0003
+    assert ddp["compute_s"] == pytest.approx(fixed + (asked[0] - fixed) * 1.25 + 0.0003)
     assert ddp["straggler_s"] == 0.002
-    assert ddp["step_s"] == pytest.approx(asked[0] + 0.0003 + 0.002 + ALPHA + BETA * size)
+    assert ddp["step_s"] == pytest.approx(ddp["compute_s"] + 0.002 + ALPHA + BETA * size)
     assert runner.prediction_summary(context)["ddp_overhead_s"] == {"1 threads, batch 128": 0.0003}
 
 

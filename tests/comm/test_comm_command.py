@@ -106,6 +106,7 @@ def test_all_reduces_after_compute_keep_the_ranks_wait(tmp_path, capsys, monkeyp
     for row in rows:  # one all-reduce a repeat: the last rank's time, and the others' wait
         assert row["repeats"] == 6 and 0 < row["min_time_s"] <= row["mean_time_s"]
         assert row["wait_s"] >= 0
+        assert row["compute_s"] > 0 and row["compute_alone_s"] > 0  # side by side, alone
     assert rows[0]["time_s"] < rows[1]["time_s"]  # 8x the bytes, after compute too
     with (out / "comm.csv").open() as handle:
         assert all(float(r["wait_s"]) >= 0 for r in csv.DictReader(handle))
