@@ -81,8 +81,8 @@ PREDICTION_MODEL = (
     "has as they perform now (thread_speedup: the 1-rank row's threads against each rank's, "
     "measured after the rows), on GPU 1/ranks of the GPU the ranks share; + the all-reduce "
     "of DDP's buckets (alpha-beta fit of the mean times of this bench's kosmoss comm run of "
-    "the row's topology, each all-reduce after the per-rank compute time of the MLP's "
-    "forward+backward: --compute-s), exposed after backward (no overlap on CPU: the ranks "
+    "the row's topology, each all-reduce after a training step of the MLP lasting the "
+    "per-rank compute time: --compute-s), exposed after backward (no overlap on CPU: the ranks "
     "fill every core); + the ranks' wait for the slowest, measured by that comm run at the "
     "gradients' size; + DDP's own cost a step on CPU besides the transfer (its hooks and "
     "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s); all "
@@ -195,7 +195,8 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
     cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,
                       overlap=gpu, single_share=reference_share,
                       wait_s=gradient_wait_s(comm, shape.gradient_bytes),
-                      ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape, context),
+                      ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape,
+                                                      context),
                       contention=side_by_side(comm, shape.gradient_bytes))
     return predict(profile, shape, cluster, global_batch)
 

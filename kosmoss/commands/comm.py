@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timed repeats per size, median reported (default %(default)s)")
     add("--warmup", type=int, default=2, metavar="N", help="untimed all-reduces first (default 2)")
     add("--compute-s", type=float, default=0.0, metavar="SECONDS",
-        help="time each all-reduce as training meets it: after about SECONDS of the MLP's "
-             "forward+backward on every rank, one per repeat, no barrier (default 0: back to "
-             "back, as nccl-tests)")
+        help="time each all-reduce as training meets it: after a training step of the MLP "
+             "(forward, backward, Adam) lasting about SECONDS on one rank alone, run on every "
+             "rank, one per repeat, no barrier (default 0: back to back, as nccl-tests)")
     add("--out", type=Path, default=None, metavar="DIR",
         help="write comm.json/.csv/.png here: a new or empty folder, or an earlier comm's")
     add("--json", action="store_true", help="print comm.json instead of the table")
