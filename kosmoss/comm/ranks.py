@@ -88,8 +88,11 @@ def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None
                             **({"device_id": device} if plan.backend == "nccl" else {}))
     try:
         groups = _groups(plan, rank)
-        times = {name: [_time_size(size, plan, device, groups[name]) for size in plan.sizes]
-                 for name in plan.groups}
+        # One compute step per group, sized once: every size then follows the same compute.
+        steps = {name: _model_step(plan.compute_s, device, groups[name])
+                 for name in plan.groups} if plan.compute_s > 0 else {}
+        times = {name: [_time_size(size, plan, device, groups[name], steps.get(name))
+                        for size in plan.sizes] for name in plan.groups}
         if rank == 0:
             Path(result).write_text(json.dumps(times))
         dist.barrier()
@@ -134,15 +137,16 @@ def _member_group(rank_lists: List[List[int]], rank: int):
     return mine
 
 
-def _time_size(size: int, plan: CommPlan, device, group):
+def _time_size(size: int, plan: CommPlan, device, group, step=None):
     """The repeats' times of one size, each the slowest rank's (seconds per all-reduce);
-    after compute, with the ranks' waits (:func:`_after_compute`)."""
+    after ``step`` (a compute step and its time alone, :func:`_model_step`), with the ranks'
+    waits (:func:`_after_compute`)."""
     import torch
     import torch.distributed as dist
 
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-    if plan.compute_s > 0:
-        return _after_compute(tensor, plan, device, group)
+    if step is not None:
+        return _after_compute(tensor, plan, device, group, *step)
     warm = [_timed_loop(tensor, 1, device, group) for _ in range(max(1, plan.warmup))]
     iters = _agreed_iters(min(warm), device)
     times = torch.tensor([_timed_loop(tensor, iters, device, group) / iters
@@ -151,14 +155,13 @@ def _time_size(size: int, plan: CommPlan, device, group):
     return times.tolist()
 
 
-def _after_compute(tensor, plan: CommPlan, device, group) -> dict:
+def _after_compute(tensor, plan: CommPlan, device, group, step, alone: float) -> dict:
     """Repeats of (a training step, all-reduce): the last rank's all-reduce time of each,
     the mean rank's wait for it (mean of the ranks' times − the last one's), and how long
     the steps took side by side against one rank alone."""
     import torch
     import torch.distributed as dist
 
-    step, alone = _model_step(plan.compute_s, device, group)
     for _ in range(plan.warmup):
         step()
         dist.all_reduce(tensor, group=group)
