@@ -161,6 +161,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_resume_continues(shared_home, 
     resumed = json.loads(then.read_text())
     assert (resumed["world_size"], resumed["global_batch_size"]) == (2, 64)
     assert resumed["resumed_from_step"] == stop and resumed["run_dir"] == str(run_dir)
+    assert resumed["trained_from_step"] == stop  # the trainer began there, not at step 0
     assert resumed["global_step"] == target
     assert resumed["stopped_by"] is None and resumed["test_loss"] is not None
     # It trained only the remaining steps: what was logged before the stop is kept and no

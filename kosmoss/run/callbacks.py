@@ -42,6 +42,7 @@ class ThroughputMeter(pl.Callback):
         self.peak_gpu_mib: List[float] = []
         self.page_faults_per_step: List[float] = []
         self.step_time_cv: List[float] = []
+        self.trained_from_step: Optional[int] = None
         self._fit_start = 0.0
 
     @property
@@ -50,6 +51,9 @@ class ThroughputMeter(pl.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
+        # The trainer's own step once a checkpoint is loaded: proof that a resume did not
+        # start over (the checkpoint file's step would say the same either way).
+        self.trained_from_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.clock.step_done(len(batch[0]), pl_module.device):

@@ -53,6 +53,7 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "stopped_by": outcome.stopped_by,
         "resumed_from": str(plan.resume_from) if plan.resume_from else None,
         "resumed_from_step": plan.resumed_from_step,
+        "trained_from_step": meter.trained_from_step,
         "collective_timeout_s": plan.collective_timeout.total_seconds(),
         "warnings": list(plan.warnings),
         "seed": config.seed,

@@ -20,8 +20,11 @@ from kosmoss import cli, ghosts, records
 from kosmoss.data.store import prepare
 
 pytestmark = pytest.mark.slow
+# A long collective timeout: at load 10+ on 2 cores a rank took over 120 s (the default) to
+# import torch and reach the rendezvous, and the scene's runs failed before the tests began.
 LONG_RUN = ["--dataset", "random5", "--max-epochs", "100000", "--batch-size", "64",
-            "--num-workers", "0", "--no-progress"]
+            "--num-workers", "0", "--no-progress", "--collective-timeout", "900"]
+START_WITHIN_S = 600
 KILL_WITHIN_S = 5.0
 
 
@@ -58,11 +61,12 @@ def _wait_for_ranks(home, sim, lit, log):
                 return run_dir.name, sorted(found, key=lambda r: r["pid"])
         return None
 
-    sim_run, nodes = wait_until(lambda: ranks(sim.pid, 2), 150, "two node processes", log)
-    lit_run, lit_ranks = wait_until(lambda: ranks(lit.pid, 2), 150, "two Lightning ranks", log)
+    within = START_WITHIN_S
+    sim_run, nodes = wait_until(lambda: ranks(sim.pid, 2), within, "two node processes", log)
+    lit_run, lit_ranks = wait_until(lambda: ranks(lit.pid, 2), within, "two Lightning ranks", log)
     port = next(r["master_port"] for r in nodes)
     # Node 0's rank 0 listens on MASTER_PORT once the process group is up: training started.
-    wait_until(lambda: not port_is_free(port), 150, f"MASTER_PORT {port} to be listened on", log)
+    wait_until(lambda: not port_is_free(port), within, f"MASTER_PORT {port} to be listened on", log)
     return {"sim_run": sim_run, "nodes": [r["pid"] for r in nodes], "master_port": port,
             "lit_run": lit_run, "lit_rank1": next(r["pid"] for r in lit_ranks if r["spawned"])}
 

@@ -85,7 +85,8 @@ def test_checkpoints_move_between_engines(runs):
     for resumed, engine in ((c, "ddp"), (d, "horovod")):
         assert resumed["strategy"] == engine and resumed["world_size"] == 2
         assert resumed["resumed_from"].endswith("last.ckpt")
-        assert resumed["resumed_from_step"] == STEPS_PER_EPOCH  # from the checkpoint, not 0
+        # The trainer began at the checkpoint's step, not at 0.
+        assert resumed["resumed_from_step"] == resumed["trained_from_step"] == STEPS_PER_EPOCH
         assert resumed["global_step"] == 2 * STEPS_PER_EPOCH
         assert resumed["replicas_identical"]
     assert c["run_id"] == runs["a"]["run_id"] and d["run_id"] == runs["b"]["run_id"]

@@ -65,6 +65,7 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
     assert "resume: --max-steps 60 (the stopped run had 30)" in resumed.stdout
     result = json.loads((run_dir / "result.json").read_text())
     stop = result["resumed_from_step"]
+    assert result["trained_from_step"] == stop  # the trainer began there, not at step 0
     assert (result["global_step"], result["world_size"], result["config"]["hidden"],
             result["config"]["batch_size"]) == (60, 1, [16], 64)  # from the record
     steps = [point["step"] for point in result["val_curve"]]
@@ -91,7 +92,8 @@ def test_a_finished_run_trained_further_goes_on_from_its_last_step(shared_home, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     reference = json.loads((next((straight_home / "runs").iterdir()) / "result.json").read_text())
-    assert (result["resumed_from_step"], result["global_step"]) == (30, 40)
+    assert (result["resumed_from_step"], result["trained_from_step"], result["global_step"]) \
+        == (30, 30, 40)
     assert result["replica_checksums"] == reference["replica_checksums"]
 
 

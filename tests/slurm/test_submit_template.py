@@ -111,7 +111,7 @@ def test_sigusr1_requeues_and_the_job_resumes_at_the_same_step(slurm, shared_hom
     assert _wait_for(job, env, {"COMPLETED", "FAILED"}) == "COMPLETED", _why(job, env, tmp_path)
     resumed = json.loads(out.read_text())
     assert resumed["run_id"] == f"slurm-{job}" and resumed["stopped_by"] is None
-    assert resumed["resumed_from_step"] == stopped["global_step"]
+    assert resumed["resumed_from_step"] == resumed["trained_from_step"] == stopped["global_step"]
     assert resumed["global_step"] == 2000
     # The requeued job trained only the remaining steps: metrics.csv goes on, no step twice
     # (a job that started over would validate at step 26 again).
