@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from diagnose_helpers import end_all, start_tiny_run, wait_until
+from helpers import STARTUP_TIMEOUT_S
 from kosmoss import cli
 from kosmoss.diagnose.runs import read_heartbeats
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-120000-slow01"
-START_S = 240  # two ranks importing torch and Lightning on a loaded 2-core machine
+START_S = STARTUP_TIMEOUT_S  # two ranks importing torch and Lightning, maybe at load 10
 
 
 def _training(run_dir: Path) -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from ghost_helpers import alive, end_all, processes_of, start, wait_until
 from kosmoss.launch import port_is_free
-from helpers import RandomSource
+from helpers import STARTUP_TIMEOUT_S, RandomSource
 from kosmoss import cli, ghosts, records
 from kosmoss.data.store import prepare
 
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow
 # import torch and reach the rendezvous, and the scene's runs failed before the tests began.
 LONG_RUN = ["--dataset", "random5", "--max-epochs", "100000", "--batch-size", "64",
             "--num-workers", "0", "--no-progress", "--collective-timeout", "900"]
-START_WITHIN_S = 600
 KILL_WITHIN_S = 5.0
 
 
@@ -41,7 +40,7 @@ def scene(tmp_path_factory):
                      *LONG_RUN], home, log)
         lit = start([sys.executable, "trainup_cpu.py", "--num-processes", "2", *LONG_RUN],
                     home, log)
-        lookalike = start([sys.executable, "-c", "import time; time.sleep(300)", "trainup_cpu.py",
+        lookalike = start([sys.executable, "-c", "import time; time.sleep(3600)", "trainup_cpu.py",
                            "--num-processes", "2", *LONG_RUN], home, log)
         started += [sim, lit, lookalike]
         scene = {"home": home, "log": log, "sim": sim, "lit": lit, "lookalike": lookalike}
@@ -61,7 +60,7 @@ def _wait_for_ranks(home, sim, lit, log):
                 return run_dir.name, sorted(found, key=lambda r: r["pid"])
         return None
 
-    within = START_WITHIN_S
+    within = STARTUP_TIMEOUT_S
     sim_run, nodes = wait_until(lambda: ranks(sim.pid, 2), within, "two node processes", log)
     lit_run, lit_ranks = wait_until(lambda: ranks(lit.pid, 2), within, "two Lightning ranks", log)
     port = next(r["master_port"] for r in nodes)
@@ -78,7 +77,7 @@ def _start_nobody(home, run_id, sim, started, log):
     mark = records.LauncherMark(run_id, records.ProcessId.of(sim.pid)).encode()
     started.append(start(["runuser", "-u", "nobody", "--", "env", f"KOSMOSS_HOME={home}",
                           f"{records.RUN_ID_ENV}={run_id}", f"{records.LAUNCHER_ENV}={mark}",
-                          "sleep", "300"], home, log))
+                          "sleep", "3600"], home, log))
     found = wait_until(lambda: [p for p in processes_of(home) if p.username() == "nobody"],
                        10, "nobody's sleep")
     return found[0].pid

@@ -11,9 +11,9 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
-from helpers import REPO, wait_until
+from helpers import REPO, STARTUP_TIMEOUT_S, wait_until
 
-MARKER_TIMEOUT_S = 240  # a loaded 2-core machine takes a while to import torch twice
+MARKER_TIMEOUT_S = STARTUP_TIMEOUT_S  # a loaded 2-core machine imports torch slowly
 LEAKED = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "KOSMOSS_RUN_ID", "KOSMOSS_RUN_LAUNCHER",
           "NODE_RANK", "MASTER_PORT", "MASTER_ADDR")
 

@@ -59,6 +59,31 @@ def test_sigkill_of_the_simulated_nodes_parent_ends_the_training_nodes(shared_ho
 
 
 @pytest.mark.slow
+def test_sigkill_of_the_launcher_takes_its_data_workers_with_it(shared_home, tmp_path):
+    """Data workers are torch's to end: each checks every MP_STATUS_CHECK_INTERVAL (5 s)
+    that its parent is still the rank that forked it, and exits otherwise."""
+    home = tmp_path / "home"
+    launcher = start(home, shared_home / "data" / "tiny", "--num-workers", "2")
+    try:
+        wait_for(lambda: trained(home, ranks=1, step=1), "a trained step")
+        # Persistent workers: the training loader's 2 and, after a validation, its own 2.
+        workers = {r["pid"] for r in records(home) if r["role"] == "worker"} & _pids(home)
+        assert len(workers) >= 2
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        start_s = time.monotonic()
+        wait_for(lambda: not processes_of(home), "the data workers to end",
+                 timeout=GONE_WITHIN_S)
+        assert time.monotonic() - start_s <= GONE_WITHIN_S
+    finally:
+        end_all(home, launcher)
+
+
+def _pids(home):
+    return {proc.pid for proc in processes_of(home)}
+
+
+@pytest.mark.slow
 def test_a_killed_data_worker_ends_the_run_with_one_line(shared_home, tmp_path):
     home = tmp_path / "home"
     launcher = start(home, shared_home / "data" / "tiny", "--num-workers", "1")
