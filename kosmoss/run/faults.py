@@ -15,6 +15,7 @@ import csv
 import io
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -95,9 +96,15 @@ class DeadRankNamed(pl.Callback):
         self.run_dir = Path(run_dir)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # gloo's and the DataLoader's errors are RuntimeErrors; others are this rank's own.
-        if not isinstance(exception, RuntimeError):
+        # gloo's and the DataLoader's errors are RuntimeErrors, or a reset pipe from a dead
+        # worker; others are this rank's own.
+        if not isinstance(exception, (RuntimeError, ConnectionError)):
             return
+        # torch's SIGCHLD handler raises "DataLoader worker ... is killed" on every SIGCHLD
+        # while a dead worker is registered: one landed in a later hook and replaced this
+        # line with a traceback. The run is failing: nothing else needs the handler.
+        if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         worker = dead_worker(self.run_dir)
         if worker:
             raise RunFailed(f"{worker}; this rank stopped at step {trainer.global_step} (run "

@@ -71,8 +71,9 @@ def train(plan: RunPlan) -> Outcome:
                    warmup_start_lr=plan.scaling.base_lr)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
     stopper = StopOnSignal(plan.run_dir / "checkpoints")
-    callbacks = [meter, replicas, probe, stopper, GpuShare(plan.share), Heartbeat(plan.run_dir),
-                 DeadRankNamed(plan.run_dir)]
+    # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
+    callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
+                 GpuShare(plan.share), Heartbeat(plan.run_dir)]
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it
