@@ -4,7 +4,8 @@
   its data) all ranks meet at ``torch.distributed.monitored_barrier``; rank 0 names the
   ranks that did not arrive within the timeout, and the run fails with that name.
 - :func:`is_collective_timeout` — whether an error is a collective (or rendezvous) that
-  timed out: the rank that catches one calls :func:`write_stacks` and exits non-zero.
+  timed out: the rank that catches one calls :func:`write_stacks` and exits non-zero;
+  :func:`timeout_line` says which kind (start-up check, rendezvous, a later collective).
 - :func:`write_stacks` — the stacks of every live process of the run into the run
   directory (``stacks/<time>-pid<pid>.txt`` and ``.json``, as ``kosmoss stacks`` prints them).
 - :func:`flight_recorder_env` — the variables that make NCCL's flight recorder dump into
@@ -101,6 +102,29 @@ def is_collective_timeout(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+# The TCPStore's rendezvous in init_process_group: "... waiting for clients. 1/2 clients joined."
+_RENDEZVOUS = re.compile(r"waiting for clients\.\s*(\d+/\d+ clients joined)")
+
+
+def timeout_line(error: BaseException, timeout_s: float) -> str:
+    """What a collective timeout means, in words: the start-up check names the missing
+    ranks; the rendezvous says how many ranks came (a rank that started late or never);
+    anything later is a collective that one rank did not reach."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, StartupTimeout):
+            return str(error)
+        joined = _RENDEZVOUS.search(str(error))
+        if joined:
+            return (f"the ranks did not all meet at start-up within {timeout_s:g} s "
+                    f"(--collective-timeout; {joined.group(1)}): a rank started late or never "
+                    "(on a loaded machine importing torch can take minutes; raise the flag)")
+        error = error.__cause__ or error.__context__
+    return (f"a collective waited longer than {timeout_s:g} s (--collective-timeout): a rank "
+            "hangs or is far slower than the others")
 
 
 def _says_timeout(error: BaseException) -> bool:

@@ -20,8 +20,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..data.datamodule import FlattenedDataModule
 from ..data.loading import SPLITS
-from ..diagnose.hang import (StartupCheck, StartupTimeout, flight_recorder_env,
-                             is_collective_timeout, write_stacks)
+from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_timeout,
+                             timeout_line, write_stacks)
 from ..diagnose.heartbeat import Heartbeat
 from ..errors import RunFailed
 from ..launch import Launcher, cluster_environment
@@ -104,9 +104,7 @@ def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
         if not is_collective_timeout(err):
             raise
         stacks = write_stacks(plan.run_dir)
-        what = str(err) if isinstance(err, StartupTimeout) else (
-            f"a collective waited longer than {plan.collective_timeout.total_seconds():g} s "
-            "(--collective-timeout): a rank hangs or is far slower than the others")
+        what = timeout_line(err, plan.collective_timeout.total_seconds())
         raise RunFailed(f"{what}; stacks of every process of the run in {stacks}") from err
 
 

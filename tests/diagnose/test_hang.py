@@ -56,6 +56,23 @@ def test_the_ranks_a_monitored_barrier_names():
     assert hang.is_collective_timeout(error)
 
 
+def test_the_line_says_which_timeout_it_was():
+    late = hang.timeout_line(torch.distributed.DistStoreError(STORE), 120)
+    assert late.startswith("the ranks did not all meet at start-up within 120 s")
+    assert "1/2 clients joined" in late and "--collective-timeout" in late
+    try:  # behind Lightning's or torch's wrapping, as it reaches train()
+        try:
+            raise torch.distributed.DistStoreError(STORE)
+        except RuntimeError as err:
+            raise RuntimeError("setup failed") from err
+    except RuntimeError as outer:
+        assert hang.timeout_line(outer, 120) == late
+    later = hang.timeout_line(RuntimeError(GLOO_RECV), 120)
+    assert later.startswith("a collective waited longer than 120 s (--collective-timeout)")
+    startup = hang.StartupTimeout([1], 5, BARRIER)
+    assert hang.timeout_line(startup, 5) == str(startup)
+
+
 def test_flight_recorder_variables_are_those_torch_reads(tmp_path):
     env = hang.flight_recorder_env(tmp_path)
     assert (tmp_path / "flight-recorder").is_dir()  # the recorder does not create it
