@@ -5,9 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RandomSource
+from helpers import SLOW_TEST_TIMEOUT_S, RandomSource
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # a test's own timeout mark (the lessons') wins
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 @pytest.fixture
