@@ -2,7 +2,7 @@
 made for real, recorded in RUN_DIR the way kosmoss records its runs (kosmoss.records):
 
     python tests/diagnose/tiny_run.py RUN_DIR --slow-rank 1 --slow-ms 40 --sleep-when FILE
-        rank 1 is 40 ms slower per step (a straggler); once FILE exists, it writes
+        rank 1 does 40 ms more CPU work per step (a straggler); once FILE exists, it writes
         RUN_DIR/sleeping-rank-1 and sleeps in training_step (rank 0 waits in all_reduce)
     python tests/diagnose/tiny_run.py RUN_DIR --absent-rank 1 --startup-timeout 5
         rank 1 never leaves its data setup: the start-up check names it, rank 0 writes the
@@ -29,6 +29,15 @@ from kosmoss.diagnose.heartbeat import Heartbeat
 RANK = int(os.environ.get("LOCAL_RANK", 0))
 
 
+def cpu_work(seconds: float) -> None:
+    """Spin for ``seconds`` of this process's CPU time. Not a sleep: a straggler does more
+    work, and on a loaded machine its extra work stretches as every rank's step does, so
+    it stays the same share of a step (a 40 ms sleep vanished in loaded steps' noise)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 class TinyModel(pl.LightningModule):
     def __init__(self, args):
         super().__init__()
@@ -38,7 +47,7 @@ class TinyModel(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         if RANK == self.args.slow_rank:
-            time.sleep(self.args.slow_ms / 1000)
+            cpu_work(self.args.slow_ms / 1000)
             if self.args.sleep_when and self.args.sleep_when.exists():
                 (self.args.run_dir / f"sleeping-rank-{RANK}").touch()
                 while True:
