@@ -27,7 +27,7 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 
@@ -95,13 +95,17 @@ def is_collective_timeout(error: BaseException) -> bool:
     """Whether ``error`` (or an error it was raised from) is a collective, a barrier or the
     rendezvous running out of time, rather than a peer that died ("Connection closed by
     peer") or a bug."""
+    return any(isinstance(each, StartupTimeout) or _says_timeout(each)
+               for each in _chain(error))
+
+
+def _chain(error: Optional[BaseException]) -> Iterator[BaseException]:
+    """``error`` and the errors it was raised from (Lightning and torch wrap the real one)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, StartupTimeout) or _says_timeout(error):
-            return True
+        yield error
         error = error.__cause__ or error.__context__
-    return False
 
 
 # The TCPStore's rendezvous in init_process_group: "... waiting for clients. 1/2 clients joined."
@@ -112,17 +116,14 @@ def timeout_line(error: BaseException, timeout_s: float) -> str:
     """What a collective timeout means, in words: the start-up check names the missing
     ranks; the rendezvous says how many ranks came (a rank that started late or never);
     anything later is a collective that one rank did not reach."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, StartupTimeout):
-            return str(error)
-        joined = _RENDEZVOUS.search(str(error))
+    for each in _chain(error):
+        if isinstance(each, StartupTimeout):
+            return str(each)
+        joined = _RENDEZVOUS.search(str(each))
         if joined:
             return (f"the ranks did not all meet at start-up within {timeout_s:g} s "
                     f"(--collective-timeout; {joined.group(1)}): a rank started late or never "
                     "(on a loaded machine importing torch can take minutes; raise the flag)")
-        error = error.__cause__ or error.__context__
     return (f"a collective waited longer than {timeout_s:g} s (--collective-timeout): a rank "
             "hangs or is far slower than the others")
 

@@ -1,7 +1,7 @@
 """The faults made for real on 2 CPU ranks (gloo), with tiny_run.py:
 
-- rank 1 does 40 ms more CPU work per step: ``kosmoss watch --once`` shows both ranks advancing and
-  flags rank 1 as the straggler (rank 0 waits for it in the all-reduce);
+- rank 1 does 40 ms more CPU work per step: ``kosmoss watch --once`` shows both ranks
+  advancing and flags rank 1 as the straggler (rank 0 waits for it in the all-reduce);
 - then rank 1 sleeps inside training_step: ``kosmoss stacks`` names it the odd one out and
   rank 0 waiting in DDP's all-reduce; ``watch`` says the run is stuck;
 - a rank that never reaches the start-up check is named, the run exits 1 within the
