@@ -16,7 +16,8 @@
 # **What you will learn**
 #
 # - how to compare set-ups side by side with `kosmoss bench --quick`: the raw PyTorch loop
-#   (the limit), kosmoss on one process, DDP, simulated nodes, Horovod, and the loaders;
+#   (the limit), the same loop inside Lightning, kosmoss on one process, DDP, simulated
+#   nodes, Horovod, and the loaders;
 # - how to read its table (throughput, ratios, scaling efficiency, start-up time, time to
 #   a target loss, memory) and its plot;
 # - what limits each set-up on this machine, worked out from the numbers it measured.
@@ -106,9 +107,14 @@ display(Image(filename=str(out / "bench.png")))
 #
 # - the **raw loop** only computes: forward, backward and Adam on tensors already in
 #   memory. Its limit is the arithmetic the cores can do at this batch size;
-# - **kosmoss on one process** adds Lightning's loop (hooks, logging, the optimizer
-#   closure) and reading batches from the shards: a fixed cost per step, which matters
-#   more when a step is short (small batch, fast device);
+# - **Lightning alone** (`lightning-cpu`) runs the raw loop's step on the raw loop's
+#   tensors inside `Trainer(barebones=True)`: Lightning's loop, its optimizer closure and
+#   hooks, a DataLoader, and nothing kosmoss adds. The most any Lightning run of this step
+#   can reach here;
+# - **kosmoss on one process** adds to that its own callbacks (the clock, heartbeat,
+#   checkpoints), logging, and reading batches from the memory-mapped shards: with
+#   Lightning's, a fixed cost per step, which matters more when a step is short (small
+#   batch, fast device);
 # - **DDP** adds an all-reduce of every gradient per step, over gloo through the loopback
 #   here, and the two ranks share the machine's cores;
 # - **simulated nodes** are the same ranks started as separate node processes: the same
@@ -146,6 +152,14 @@ if raw and single:
     print(f"kosmoss, 1 process: {step_ms(single):.1f} ms per step, "
           f"{step_ms(single) - step_ms(raw):+.1f} ms against the raw loop "
           f"(ratio {single['ratio']:.2f})")
+alone = measured.get("lightning-cpu")
+if raw and alone and single:
+    print(f"  of which Lightning's loop: {step_ms(alone) - step_ms(raw):+.2f} ms (lightning-cpu, "
+          f"ratio {alone['ratio']:.2f}); kosmoss's callbacks, logging and shards: "
+          f"{step_ms(single) - step_ms(alone):+.2f} ms (a negative share is noise: few steps)")
+    same = "the same" if alone["val_loss"] == raw["val_loss"] else "a different"
+    print(f"  lightning-cpu ended at {same} validation loss as the raw loop "
+          f"({alone['val_loss']:.7f} and {raw['val_loss']:.7f}): the same work")
 for key in ("ddp-cpu-2", "nodes-cpu-2x1", "horovod-cpu-2"):
     row = measured.get(key)
     if not row:
@@ -206,7 +220,8 @@ if single and course and batched:
 for check in bench["checks"]:
     value = "-" if check["value"] is None else f"{check['value']:.3g}"
     verdict = {True: "reached", False: "not reached", None: check["note"]}[check["passed"]]
-    print(f"{check['name']}: {value} (target {check['target']}): {verdict}")
+    context = f" ({check['context']})" if check.get("context") else ""
+    print(f"{check['name']}: {value} (target {check['target']}): {verdict}{context}")
 
 # %% [markdown]
 # ## With a GPU

@@ -36,6 +36,18 @@ def test_statistics_are_buffers_and_in_the_state_dict(random_dataset):
     assert "stats" not in model.hparams
 
 
+def test_the_hook_name_is_a_plain_attribute_and_the_rest_still_registers():
+    model = LitMLP(4, (3,), 2)
+    before = set(model.state_dict())
+    for name in ("training_step", None):  # what Lightning sets around every hook
+        model._current_fx_name = name
+        assert model._current_fx_name == name
+    model.extra = torch.nn.Linear(1, 1)  # any other name takes nn.Module's path
+    model.scale = torch.nn.Parameter(torch.ones(1))
+    assert "extra" in dict(model.named_children()) and "scale" in dict(model.named_parameters())
+    assert set(model.state_dict()) == before | {"extra.weight", "extra.bias", "scale"}
+
+
 def test_forward_is_in_physical_units(random_dataset):
     model = _model(random_dataset)
     x = torch.randn(4, random_dataset.n_x)

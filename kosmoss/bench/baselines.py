@@ -5,10 +5,17 @@
   model, batch, learning rate, threads, split and batch order as a kosmoss run, timed
   the way :class:`kosmoss.run.callbacks.ThroughputMeter` times one (first step and
   validation left out), validated after every epoch as kosmoss is;
+- ``lightning``: the raw loop's data, model, batches and step, driven by
+  ``Trainer(barebones=True)`` through a DataLoader: Lightning's own loop and automatic
+  optimisation with nothing kosmoss adds (no callback of kosmoss's, no logger, no
+  checkpoint, no memory-mapped shards). Its ratio to ``raw`` is the most any Lightning
+  run of this step can reach on the machine; ``kosmoss`` ÷ ``lightning`` is kosmoss's own
+  cost on top;
 - ``loader-course``: the original course's loader, one memmap opened per sample;
 - ``loader-kosmoss``: :class:`FlattenedDataset`'s batched reads of the same batches.
 
     python -m kosmoss.bench.baselines raw --dataset DIR --batch-size 256 --steps 100 --out r.json
+    python -m kosmoss.bench.baselines lightning --dataset DIR --batch-size 256 --steps 100 --out l.json
 """
 from __future__ import annotations
 
@@ -16,9 +23,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
+import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -30,7 +38,7 @@ from ..memory import peak_host_rss_mib
 from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..model import LitMLP
 from ..throughput import StepClock
-WHAT = ("raw", "loader-course", "loader-kosmoss")
+WHAT = ("raw", "lightning", "loader-course", "loader-kosmoss")
 LOADER_MIN_S = 1.0
 
 
@@ -52,9 +60,21 @@ class PerSampleMemmapDataset(Dataset):
         return torch.tensor(x), torch.tensor(y)
 
 
-def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
-             bf16: bool, seed: int) -> dict:
-    """``steps`` timed steps after one warm-up step; returns the figures."""
+class Limit(NamedTuple):
+    """What the raw loop and the Lightning loop start from, built the same way for both."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    model: LitMLP
+    sampler: RankBatchSampler
+
+
+def limit_setup(prepared: PreparedDataset, batch_size: int, device: torch.device,
+                seed: int) -> Limit:
+    """Both splits in memory as tensors on ``device``, the model seeded as a kosmoss run
+    seeds it, and the sampler of a kosmoss run's batch order."""
     train_idx, val_idx, _ = split_indices(prepared.n_samples, SPLITS, seed)
     data = FlattenedDataset(prepared)
     x, y = (t.to(device) for t in data.read(train_idx))
@@ -62,9 +82,16 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
     torch.manual_seed(seed)
     model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, lr=DEFAULT_LR,
                    stats=prepared.statistics()).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR)
     # Positions in x follow train_idx (sorted), so this is the batch order of a kosmoss run.
     sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=seed)
+    return Limit(x, y, val_x, val_y, model, sampler)
+
+
+def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
+             bf16: bool, seed: int) -> dict:
+    """``steps`` timed steps after one warm-up step; returns the figures."""
+    x, y, val_x, val_y, model, sampler = limit_setup(prepared, batch_size, device, seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR)
     clock, curve, step = StepClock(), [], 0
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
     for epoch in range(steps + 1):
@@ -90,9 +117,63 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
         curve.append(_validate(model, val_x, val_y, batch_size, autocast, step))
         if step == steps + 1:
             break
+    return _loop_figures(clock, curve, step)
+
+
+def _loop_figures(clock: StepClock, curve: List[dict], step: int) -> dict:
     return {"samples_per_s": clock.samples_per_s, "first_step_unix": clock.first_step_unix,
             "page_faults_per_step": clock.faults_per_step, "step_time_cv": clock.step_cv,
             "val_curve": curve, "val_loss": curve[-1]["val_loss"], "global_step": step}
+
+
+class RowsInMemory(Dataset):
+    """The limit's tensors behind a DataLoader: ``dataset[positions]`` is a whole batch,
+    one ``index_select`` each for x and y, as the raw loop gathers it."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, positions: np.ndarray):
+        rows = torch.from_numpy(positions).to(self.x.device)
+        return torch.index_select(self.x, 0, rows), torch.index_select(self.y, 0, rows)
+
+
+class LimitClock(pl.Callback):
+    """The raw loop's clock and validation inside Lightning's loop: every step counted but
+    the first; after every epoch the clock pauses and the raw loop's validation runs."""
+
+    def __init__(self, limit: Limit, batch_size: int, autocast: dict):
+        self.limit, self.batch_size, self.autocast = limit, batch_size, autocast
+        self.clock, self.curve = StepClock(), []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.clock.step_done(len(batch[0]), pl_module.device)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.clock.pause(pl_module.device)
+        self.curve.append(_validate(pl_module, self.limit.val_x, self.limit.val_y,
+                                    self.batch_size, self.autocast, trainer.global_step))
+
+
+def lightning_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
+                   bf16: bool, seed: int) -> dict:
+    """The raw loop's step, data and clock inside ``Trainer(barebones=True)``."""
+    limit = limit_setup(prepared, batch_size, device, seed)
+    # batch_size=None: the sampler yields whole batches (as kosmoss's loader does); Lightning
+    # calls its set_epoch, so the order is the raw loop's.
+    loader = DataLoader(RowsInMemory(limit.x, limit.y), sampler=limit.sampler, batch_size=None)
+    timer = LimitClock(limit, batch_size,
+                       dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16))
+    trainer = pl.Trainer(barebones=True, accelerator="gpu" if device.type == "cuda" else "cpu",
+                         devices=1, max_steps=steps + 1, max_epochs=-1, callbacks=[timer],
+                         precision="bf16-mixed" if bf16 else "32-true",
+                         use_distributed_sampler=False)
+    # LitMLP's training step is the raw loop's (barebones: log_every_n_steps=0, no self.log).
+    trainer.fit(limit.model, train_dataloaders=loader)
+    return _loop_figures(timer.clock, timer.curve, trainer.global_step)
 
 
 @torch.no_grad()
@@ -131,12 +212,15 @@ def loader_rate(prepared: PreparedDataset, which: str, batch_size: int, batches:
     return {"samples_per_s": rate, "first_step_unix": first_batch_unix, "batches": done}
 
 
+LOOPS = {"raw": raw_loop, "lightning": lightning_loop}
+
+
 def measure(what: str, dataset: Path, batch_size: int, steps: int, device: str, bf16: bool,
             seed: int) -> dict:
     target = torch.device(device)
     prepared = open_dataset(dataset, verify=False)
-    if what == "raw":
-        figures = raw_loop(prepared, batch_size, steps, target, bf16, seed)
+    if what in LOOPS:
+        figures = LOOPS[what](prepared, batch_size, steps, target, bf16, seed)
     else:
         figures = loader_rate(prepared, what, batch_size, steps, seed)
     gpu = torch.cuda.max_memory_allocated(target) / 2**20 if target.type == "cuda" else 0.0

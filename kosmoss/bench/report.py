@@ -82,8 +82,9 @@ def table(bench: dict) -> Group:
     for check in bench["checks"]:
         value = check["value"]
         shown = "" if value is None else f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+        said = check["note"] or check.get("context")
         judged.add_row(check["name"], shown, check["target"],
-                       _verdict(check["passed"]) + (f" ({check['note']})" if check["note"] else ""))
+                       _verdict(check["passed"]) + (f" ({said})" if said else ""))
     parts.append(judged)
     return Group(*parts)
 

@@ -29,7 +29,7 @@ class Setup:
 
     id: str
     label: str
-    kind: str  # raw | kosmoss | loader
+    kind: str  # raw | lightning | kosmoss | loader
     device: str = "cpu"  # cpu | gpu
     ranks: int = 1
     bf16: bool = False
@@ -40,7 +40,7 @@ class Setup:
 
     @property
     def trains(self) -> bool:
-        return self.kind in ("raw", "kosmoss")
+        return self.kind in ("raw", "lightning", "kosmoss")
 
 
 # A GPU row must not fall back to CPU unnoticed, and keeps its data on the GPU (the raw
@@ -51,6 +51,8 @@ HOROVOD_CPU = ("trainup_cpu.py", "--strategy", "horovod")  # every CPU row: trai
 
 MATRIX: Tuple[Setup, ...] = (
     Setup("raw-cpu", "raw PyTorch loop, tensors in RAM (the limit)", "raw"),
+    Setup("lightning-cpu", "the raw loop's step in Trainer(barebones=True): Lightning alone",
+          "lightning", versus="raw-cpu"),
     Setup("kosmoss-cpu", "kosmoss, 1 CPU process", "kosmoss", versus="raw-cpu",
           entry=("trainup_cpu.py",)),
     Setup("ddp-cpu-2", "kosmoss, CPU DDP, 2 processes", "kosmoss", ranks=2, versus="raw-cpu",
@@ -63,6 +65,8 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("loader-course", "loader: the course's, one memmap opened per sample", "loader"),
     Setup("loader-kosmoss", "loader: kosmoss, batched reads", "loader", versus="loader-course"),
     Setup("raw-gpu", "raw PyTorch loop, tensors on the GPU (the limit)", "raw", device="gpu"),
+    Setup("lightning-gpu", "the raw GPU loop's step in Trainer(barebones=True)", "lightning",
+          device="gpu", versus="raw-gpu"),
     Setup("kosmoss-gpu", "kosmoss, 1 GPU", "kosmoss", device="gpu", versus="raw-gpu",
           entry=("trainup_gpu.py", "--gpus", "1") + GPU_FLAGS),
     Setup("nodes-gpu-2x1", "kosmoss, 2 simulated nodes sharing 1 GPU (gloo)", "kosmoss",
@@ -183,13 +187,14 @@ def skip_reason(setup: Setup, machine: Machine, plan: Optional[Plan]) -> Optiona
         return machine.horovod_missing
     if setup.kind == "kosmoss" and machine.scripts_missing:
         return machine.scripts_missing
-    if setup.kind == "raw" and plan is not None:
+    if setup.kind in ("raw", "lightning") and plan is not None:
         return _memory_shortfall(setup, machine, plan)
     return None
 
 
 def _memory_shortfall(setup: Setup, machine: Machine, plan: Plan) -> Optional[str]:
-    # The raw loop holds the training and validation splits as tensors (90 % of the rows).
+    # The raw and Lightning loops hold the training and validation splits as tensors (90 %
+    # of the rows).
     need = int(plan.n_samples * 0.9) * plan.bytes_per_sample
     where, free = ("GPU memory", machine.free_gpu_bytes) if setup.device == "gpu" else \
         ("RAM", machine.free_ram_bytes)
@@ -213,7 +218,7 @@ def command(setup: Setup, plan: Plan, result_json: Path) -> List[str]:
             "--max-epochs", str(MAX_EPOCHS), "--seed", str(plan.seed), "--no-progress",
             "--result-json", str(result_json),
         ]
-    what = "raw" if setup.kind == "raw" else setup.id
+    what = setup.id if setup.kind == "loader" else setup.kind
     return [sys.executable, "-m", "kosmoss.bench.baselines", what, "--dataset", str(plan.dataset),
             "--batch-size", batch, "--steps", str(plan.steps), "--seed", str(plan.seed),
             "--device", "cuda" if setup.device == "gpu" else "cpu",

@@ -97,19 +97,20 @@ def test_list_says_why_rows_would_be_skipped(capsys, cpu_machine):
 def test_a_small_real_bench(shared_home, tmp_path):
     out = tmp_path / "bench"
     proc = run_script(["-m", "kosmoss", "bench", "--quick", "--only", "raw-cpu", "kosmoss-cpu",
-                       "loader-kosmoss", "--steps", "3", "--repeats", "1", "--out", str(out),
+                       "lightning-cpu", "loader-kosmoss", "--steps", "3", "--repeats", "1", "--out", str(out),
                        "--json"], shared_home)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result == json.loads((out / "bench.json").read_text())
     rows = {row["id"]: row for row in result["rows"]}
-    assert list(rows) == ["raw-cpu", "kosmoss-cpu", "loader-kosmoss"]
+    assert list(rows) == ["raw-cpu", "lightning-cpu", "kosmoss-cpu", "loader-kosmoss"]
     assert all(row["status"] == "measured" for row in rows.values()), proc.stderr[-3000:]
     raw, kosmoss, loader = rows["raw-cpu"], rows["kosmoss-cpu"], rows["loader-kosmoss"]
     assert kosmoss["ratio"] == pytest.approx(kosmoss["samples_per_s"] / raw["samples_per_s"])
     assert raw["ratio"] == 1.0 and loader["ratio"] is None  # the course's loader did not run
     # The limit does kosmoss's work: same split, batches, initial weights, so the same loss.
     assert raw["val_loss"] == pytest.approx(kosmoss["val_loss"], rel=1e-5)
+    assert rows["lightning-cpu"]["val_loss"] == raw["val_loss"]  # the raw loop's step, in Lightning
     assert result["targets"]["cpu"]["val_loss"] == pytest.approx(1.05 * kosmoss["val_loss"])
     assert kosmoss["target_reached"] == "1/1"
     assert kosmoss["time_to_target_s"] >= kosmoss["time_to_first_step_s"] > 0
@@ -126,5 +127,7 @@ def test_a_small_real_bench(shared_home, tmp_path):
         assert [r["id"] for r in csv.DictReader(handle)] == list(rows)
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     checks = {c["name"]: c for c in result["checks"]}
+    ratio_check = checks["kosmoss on 1 CPU process ÷ raw CPU loop, batch 256-1023"]
+    assert ratio_check["context"].startswith("Lightning's loop alone, lightning-cpu: ")
     loader_check = checks["batched loader ÷ the course's per-sample loader"]
     assert loader_check["passed"] is None and "loader-course not selected" in loader_check["note"]

@@ -33,8 +33,8 @@ def test_no_gpu_skips_exactly_the_gpu_rows():
     reasons = {s.id: skip_reason(s, machine(cuda=False, bf16=False, free_gpu_bytes=0), plan())
                for s in MATRIX}
     gpu_rows = {s.id for s in MATRIX if s.device == "gpu"}
-    assert gpu_rows == {"raw-gpu", "kosmoss-gpu", "nodes-gpu-2x1", "raw-gpu-bf16",
-                        "kosmoss-gpu-bf16", "horovod-gpu-2"}
+    assert gpu_rows == {"raw-gpu", "lightning-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
+                        "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"}
     assert {i for i, r in reasons.items() if r} == gpu_rows
     assert {reasons[i] for i in gpu_rows} == {"no CUDA GPU"}
 
@@ -62,6 +62,7 @@ def test_the_raw_loop_is_skipped_when_its_tensors_do_not_fit():
     assert reason == ("its tensors need 16.5 GiB of RAM, 16.0 GiB free: use a smaller --dataset")
     assert "GPU memory" in skip_reason(BY_ID["raw-gpu"], machine(free_gpu_bytes=10 * GIB), large)
     assert skip_reason(BY_ID["raw-gpu"], machine(), large) is None
+    assert skip_reason(BY_ID["lightning-cpu"], machine(free_ram_bytes=16 * GIB), large) == reason
     assert skip_reason(BY_ID["raw-cpu"], machine(free_ram_bytes=GIB), None) is None  # --list
 
 
@@ -127,6 +128,8 @@ def test_baseline_rows_run_the_baselines_module(tmp_path):
     raw = command(BY_ID["raw-gpu-bf16"], plan(), tmp_path / "r.json")
     assert raw[1:4] == ["-m", "kosmoss.bench.baselines", "raw"]
     assert raw[raw.index("--device") + 1] == "cuda" and "--bf16" in raw
+    lightning = command(BY_ID["lightning-cpu"], plan(), tmp_path / "r.json")
+    assert lightning[3] == "lightning" and lightning[lightning.index("--device") + 1] == "cpu"
     loader = command(BY_ID["loader-course"], plan(), tmp_path / "r.json")
     assert loader[3] == "loader-course" and loader[loader.index("--device") + 1] == "cpu"
 
