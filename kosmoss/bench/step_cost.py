@@ -1,0 +1,152 @@
+"""Lightning's fixed cost per training step, alone: LitMLP with next to no arithmetic (one
+input, one hidden unit, one output, batch 1), its steps run by a plain loop and by
+``Trainer(barebones=True)`` in a few ways, each timed over the same number of steps.
+What is left above the plain loop is the framework's per-step Python: its loop, hook
+dispatch, optimizer closure, DataLoader and fetcher (docs/benchmarks.md, issue 19).
+
+    python -m kosmoss.bench.step_cost --steps 2000 --repeats 3
+
+Variants, interleaved repeat by repeat:
+
+- ``plain``: the loop written out (batch from a list, forward, MSE, zero_grad, backward,
+  Adam), no DataLoader;
+- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation;
+- ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
+  hook name removed (what that shortcut saves);
+- ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
+  optimizer itself (what automatic optimisation costs; kosmoss keeps automatic, which
+  ``accumulate_grad_batches`` and gradient clipping need).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+from typing import Callable, Dict, List, Optional
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from ..cli_support import OneLineParser
+from ..lessons import quiet_lightning
+from ..model import LitMLP
+from .baselines import RowsInMemory
+
+
+class StockSetattr(LitMLP):
+    __setattr__ = torch.nn.Module.__setattr__  # nn.Module's checks for every attribute
+
+
+class ManualStep(LitMLP):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = self._common_step(batch, "train")
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+def tiny(cls=LitMLP) -> LitMLP:
+    torch.manual_seed(0)
+    return cls(1, (1,), 1)
+
+
+def batches(steps: int) -> List[tuple]:
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(1, 1, generator=generator), torch.randn(1, 1, generator=generator))
+            for _ in range(steps)]
+
+
+def plain(steps: int) -> float:
+    model, data = tiny(), batches(steps)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model.net(x.sub_(model.x_mean).div_(model.x_std)),
+                                            model.normalize_y(y))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / steps
+
+
+class StepTimer(pl.Callback):
+    """Wall time from the first step's end to the last one's: the fit's set-up left out."""
+
+    def __init__(self) -> None:
+        self.first: Optional[float] = None
+        self.last, self.steps = 0.0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.last, self.steps = now, self.steps + 1
+
+
+def in_lightning(cls) -> Callable[[int], float]:
+    def run(steps: int) -> float:
+        x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
+        loader = DataLoader(RowsInMemory(x, x.clone()), batch_size=None,
+                            sampler=[torch.tensor([i]).numpy() for i in range(steps)])
+        timer = StepTimer()
+        trainer = pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
+                             callbacks=[timer], use_distributed_sampler=False)
+        trainer.fit(tiny(cls), train_dataloaders=loader)
+        return (timer.last - timer.first) / timer.steps
+    return run
+
+
+VARIANTS: Dict[str, Callable[[int], float]] = {
+    "plain": plain,
+    "lightning": in_lightning(LitMLP),
+    "lightning, nn.Module.__setattr__": in_lightning(StockSetattr),
+    "lightning, manual optimisation": in_lightning(ManualStep),
+}
+
+
+def measure(steps: int, repeats: int) -> Dict[str, List[float]]:
+    """Seconds per step of every variant, ``repeats`` times, interleaved."""
+    found: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    for _ in range(repeats):
+        for name, run in VARIANTS.items():
+            found[name].append(run(steps))
+    return found
+
+
+def report(found: Dict[str, List[float]]) -> str:
+    plain_s = statistics.median(found["plain"])
+    lines = [f"{'variant':36s} {'µs/step':>8s} {'over plain':>10s}  (median; range)"]
+    for name, times in found.items():
+        median = statistics.median(times)
+        lines.append(f"{name:36s} {median * 1e6:8.0f} {(median - plain_s) * 1e6:+10.0f}  "
+                     f"({min(times) * 1e6:.0f}-{max(times) * 1e6:.0f})")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = OneLineParser(prog="python -m kosmoss.bench.step_cost",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.steps < 3:
+        parser.error(f"--steps {args.steps}: at least 3 (the first step is not timed)")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1")
+    quiet_lightning()  # no banners between the variants' lines
+    warnings.filterwarnings("ignore", "You defined a `validation_step`")  # LitMLP has one
+    print(report(measure(args.steps, args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

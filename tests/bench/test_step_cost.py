@@ -1,0 +1,41 @@
+"""python -m kosmoss.bench.step_cost: Lightning's per-step cost with next to no arithmetic."""
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from kosmoss.bench import step_cost
+from kosmoss.bench.baselines import RowsInMemory
+from kosmoss.model import LitMLP
+
+
+def test_every_variant_is_timed_and_reported():
+    found = step_cost.measure(steps=12, repeats=2)
+    assert list(found) == list(step_cost.VARIANTS)
+    assert all(len(times) == 2 and all(t > 0 for t in times) for times in found.values())
+    text = step_cost.report(found)
+    assert all(name in text for name in found) and "over plain" in text
+
+
+def test_the_variants_differ_in_what_they_say():
+    assert step_cost.StockSetattr.__setattr__ is torch.nn.Module.__setattr__
+    assert LitMLP.__setattr__ is not torch.nn.Module.__setattr__
+    # The manual variant really steps the optimizer: its timing is of a training step.
+    model = step_cost.tiny(step_cost.ManualStep)
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(8, 1)
+    loader = DataLoader(RowsInMemory(x, x.clone()), batch_size=None,
+                        sampler=[torch.tensor([i]).numpy() for i in range(8)])
+    pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
+               use_distributed_sampler=False).fit(model, train_dataloaders=loader)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("argv, flag", [(["--steps", "2"], "--steps 2"),
+                                        (["--repeats", "0"], "--repeats 0")])
+def test_bad_counts_are_one_line(capsys, argv, flag):
+    with pytest.raises(SystemExit) as stop:
+        step_cost.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert flag in err and len(err.splitlines()) == 1
