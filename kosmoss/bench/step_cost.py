@@ -14,8 +14,9 @@ Variants, interleaved repeat by repeat:
 - ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
   hook name removed (what that shortcut saves);
 - ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
-  optimizer itself (what automatic optimisation costs; kosmoss keeps automatic, which
-  ``accumulate_grad_batches`` and gradient clipping need).
+  optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
+  put it in their own Trainers, where ``accumulate_grad_batches`` and gradient clipping
+  need it, and its warm-up schedule is stepped by Lightning).
 """
 from __future__ import annotations
 
