@@ -18,8 +18,9 @@
 #   bf16      trainup_gpu.py --gpus 1 --precision bf16-mixed --mode device
 #   ghost     a torchrun rank outlives its agent's SIGKILL holding a CUDA context; kosmoss
 #             ghosts --kill ends it; GPU memory read through nvitop before and after
-#   bench     kosmoss bench, its GPU rows and the raw loops they are divided by (one
-#             repeat instead of two when less than 300 s of the budget is left)
+#   bench     kosmoss bench, its GPU rows, the raw loops they are divided by and the raw
+#             loop inside Lightning (lightning-gpu: Lightning's fixed cost against a GPU
+#             step); one repeat instead of two when less than 300 s of the budget is left
 #   sweep     the raw bf16 loop at three batch sizes: is --gpu-batch large enough?
 #
 # Options: --out DIR (default $OUT, else runs/gpu-check-<time>) --wheels DIR (gpu-wheels)
@@ -44,7 +45,7 @@ NEEDS_DATA=(headline bf16 sweep bench)
 # What kosmoss and its GPU tests import that the GPU machine's image already holds.
 REQUIRED_THERE=(torch pytorch-lightning torchmetrics numpy psutil rich tensorboard matplotlib
                 pytest pytest-timeout)
-BENCH_ROWS=(raw-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss-gpu-bf16)
+BENCH_ROWS=(raw-gpu lightning-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss-gpu-bf16)
 SWEEP_BATCHES=4096,16384,32768
 SHARD_SIZE=16384
 declare -A LIMIT_S=([install]=120 [env]=60 [data]=300 [pytest]=300 [headline]=150 [bf16]=120
