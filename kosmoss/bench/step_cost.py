@@ -13,6 +13,8 @@ Variants, interleaved repeat by repeat:
 - ``lightning``: LitMLP as kosmoss ships it, automatic optimisation;
 - ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
   hook name removed (what that shortcut saves);
+- ``lightning, 8 more callbacks``: the same with 8 callbacks that override nothing
+  (Lightning calls each of a step's hooks on every callback: what one callback costs);
 - ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
   optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
   put it in their own Trainers, where ``accumulate_grad_batches`` and gradient clipping
@@ -93,14 +95,19 @@ class StepTimer(pl.Callback):
             self.last, self.steps = now, self.steps + 1
 
 
-def in_lightning(cls) -> Callable[[int], float]:
+class NoHooks(pl.Callback):
+    """A callback that overrides nothing: Lightning still calls each hook on it."""
+
+
+def in_lightning(cls, extra_callbacks: int = 0) -> Callable[[int], float]:
     def run(steps: int) -> float:
         x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
         loader = DataLoader(RowsInMemory(x, x.clone()), batch_size=None,
                             sampler=[torch.tensor([i]).numpy() for i in range(steps)])
         timer = StepTimer()
         trainer = pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
-                             callbacks=[timer], use_distributed_sampler=False)
+                             callbacks=[timer] + [NoHooks() for _ in range(extra_callbacks)],
+                             use_distributed_sampler=False)
         trainer.fit(tiny(cls), train_dataloaders=loader)
         return (timer.last - timer.first) / timer.steps
     return run
@@ -110,6 +117,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
     "lightning": in_lightning(LitMLP),
     "lightning, nn.Module.__setattr__": in_lightning(StockSetattr),
+    "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
     "lightning, manual optimisation": in_lightning(ManualStep),
 }
 
