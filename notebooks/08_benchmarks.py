@@ -109,8 +109,8 @@ display(Image(filename=str(out / "bench.png")))
 #   memory. Its limit is the arithmetic the cores can do at this batch size;
 # - **Lightning alone** (`lightning-cpu`) runs the raw loop's step on the raw loop's
 #   tensors inside `Trainer(barebones=True)`: Lightning's loop, its optimizer closure and
-#   hooks, a DataLoader, and nothing kosmoss adds. The most any Lightning run of this step
-#   can reach here;
+#   hooks, a DataLoader, and nothing kosmoss adds. The most a Lightning run of this step with
+#   automatic optimisation can reach here;
 # - **kosmoss on one process** adds to that its own callbacks (the clock, heartbeat,
 #   checkpoints), logging, and reading batches from the memory-mapped shards: with
 #   Lightning's, a fixed cost per step, which matters more when a step is short (small
