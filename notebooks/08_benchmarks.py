@@ -109,10 +109,13 @@ display(Image(filename=str(out / "bench.png")))
 #   memory. Its limit is the arithmetic the cores can do at this batch size;
 # - **Lightning alone** (`lightning-cpu`) runs the raw loop's step on the raw loop's
 #   tensors inside `Trainer(barebones=True)`: Lightning's loop, its optimizer closure and
-#   hooks, a DataLoader, and nothing kosmoss adds. The most a Lightning run of this step with
-#   automatic optimisation can reach here;
+#   hooks, a DataLoader, and nothing kosmoss adds: what a stock Lightning Trainer with
+#   automatic optimisation costs for this step;
 # - **kosmoss on one process** adds to that its own callbacks (the clock, heartbeat,
-#   checkpoints), logging, and reading batches from the memory-mapped shards: with
+#   checkpoints), logging, and reading batches as `--mode auto` holds the data (one tensor
+#   in RAM, as the raw loop's, when every process can hold a copy; memory-mapped shards
+#   otherwise), and takes away some of Lightning's per-hook cost (a
+#   profiler that builds nothing, the hook name set without `nn.Module`'s checks): with
 #   Lightning's, a fixed cost per step, which matters more when a step is short (small
 #   batch, fast device);
 # - **DDP** adds an all-reduce of every gradient per step, over gloo through the loopback

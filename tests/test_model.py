@@ -1,3 +1,5 @@
+import inspect
+
 import numpy as np
 import pytest
 import pytorch_lightning as pl
@@ -46,6 +48,20 @@ def test_the_hook_name_is_a_plain_attribute_and_the_rest_still_registers():
     model.scale = torch.nn.Parameter(torch.ones(1))
     assert "extra" in dict(model.named_children()) and "scale" in dict(model.named_parameters())
     assert set(model.state_dict()) == before | {"extra.weight", "extra.bias", "scale"}
+
+
+def test_lightning_still_passes_batch_idx_to_training_step():
+    from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
+
+    assert LitMLP.training_step.__signature__ == inspect.signature(LitMLP.training_step)
+    assert is_param_in_hook_signature(LitMLP(4, (3,), 2).training_step, "batch_idx", min_args=2)
+
+    class OneArgument(LitMLP):  # an override is inspected as itself
+        def training_step(self, batch):
+            return super().training_step(batch, 0)
+
+    assert not is_param_in_hook_signature(OneArgument(4, (3,), 2).training_step, "batch_idx",
+                                          min_args=2)
 
 
 def test_forward_is_in_physical_units(random_dataset):

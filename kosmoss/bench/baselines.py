@@ -76,7 +76,7 @@ def limit_setup(prepared: PreparedDataset, batch_size: int, device: torch.device
     """Both splits in memory as tensors on ``device``, the model seeded as a kosmoss run
     seeds it, and the sampler of a kosmoss run's batch order."""
     train_idx, val_idx, _ = split_indices(prepared.n_samples, SPLITS, seed)
-    data = FlattenedDataset(prepared)
+    data = FlattenedDataset(prepared, mode="efficient")  # read once: no copy in RAM first
     x, y = (t.to(device) for t in data.read(train_idx))
     val_x, val_y = (t.to(device) for t in data.read(val_idx))
     torch.manual_seed(seed)
@@ -200,7 +200,8 @@ def loader_rate(prepared: PreparedDataset, which: str, batch_size: int, batches:
         loader = DataLoader(PerSampleMemmapDataset(prepared), batch_size=batch_size, sampler=order)
         batches = max(3, batches // 20)  # ~100x slower: fewer batches, the same rate
     else:
-        loader = DataLoader(FlattenedDataset(prepared), sampler=sampler, batch_size=None)
+        loader = DataLoader(FlattenedDataset(prepared, mode="efficient"), sampler=sampler,
+                            batch_size=None)  # batched reads from the same mapped shards
     batch_iter = (batch for _ in iter(int, 1) for batch in loader)  # epoch after epoch
     next(batch_iter)  # warm-up: worker-free loaders still open files and fill caches
     first_batch_unix, samples, done, start = time.time(), 0, 0, time.perf_counter()

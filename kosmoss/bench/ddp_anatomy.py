@@ -80,7 +80,7 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
                                 world_size=variant.ranks)
     prepared = open_dataset(Path(dataset), verify=False)
     train_idx = split_indices(prepared.n_samples, SPLITS, 42)[0]
-    x, y = FlattenedDataset(prepared).read(train_idx)
+    x, y = FlattenedDataset(prepared, mode="efficient").read(train_idx)
     torch.manual_seed(42)
     model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, stats=prepared.statistics())
     net = model.net

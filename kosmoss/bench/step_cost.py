@@ -10,7 +10,10 @@ Variants, interleaved repeat by repeat:
 
 - ``plain``: the loop written out (batch from a list, forward, MSE, zero_grad, backward,
   Adam), no DataLoader;
-- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation;
+- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation, kosmoss's
+  :class:`~kosmoss.run.profiler.NoProfiler`;
+- ``lightning, stock profiler``: the same with Lightning's default ``PassThroughProfiler``
+  (what NoProfiler saves);
 - ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
   hook name removed (what that shortcut saves);
 - ``lightning, 8 more callbacks``: the same with 8 callbacks that override nothing
@@ -34,6 +37,7 @@ from torch.utils.data import DataLoader
 from ..cli_support import OneLineParser
 from ..lessons import quiet_lightning
 from ..model import LitMLP
+from ..run.profiler import NoProfiler
 from ..throughput import StepClock
 from .baselines import RowsInMemory
 
@@ -101,7 +105,7 @@ class NoHooks(pl.Callback):
     """A callback that overrides nothing: Lightning still calls each hook on it."""
 
 
-def in_lightning(cls, extra_callbacks: int = 0) -> Callable[[int], float]:
+def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True) -> Callable[[int], float]:
     def run(steps: int) -> float:
         x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
         loader = DataLoader(RowsInMemory(x, x.clone()), batch_size=None,
@@ -110,6 +114,8 @@ def in_lightning(cls, extra_callbacks: int = 0) -> Callable[[int], float]:
         trainer = pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
                              callbacks=[timer] + [NoHooks() for _ in range(extra_callbacks)],
                              use_distributed_sampler=False)
+        if lean:  # barebones refuses any profiler argument, so it is swapped in afterwards
+            trainer.profiler = NoProfiler()
         trainer.fit(tiny(cls), train_dataloaders=loader)
         return seconds_per_step(timer.clock)
     return run
@@ -118,6 +124,7 @@ def in_lightning(cls, extra_callbacks: int = 0) -> Callable[[int], float]:
 VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
     "lightning": in_lightning(LitMLP),
+    "lightning, stock profiler": in_lightning(LitMLP, lean=False),
     "lightning, nn.Module.__setattr__": in_lightning(StockSetattr),
     "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
     "lightning, manual optimisation": in_lightning(ManualStep),

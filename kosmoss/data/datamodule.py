@@ -42,7 +42,7 @@ class FlattenedDataModule(pl.LightningDataModule):
         self,
         dataset: PreparedDataset | str | Path,
         batch_size: int = 256,
-        mode: str = "efficient",
+        mode: str = "auto",
         splits: Sequence[float] = SPLITS,
         seed: int = 42,
         num_workers: int = 0,

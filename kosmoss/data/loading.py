@@ -20,8 +20,9 @@ from torch.utils.data import Dataset, Sampler
 from . import MODES  # re-exported: the modes FlattenedDataset takes
 from .store import PreparedDataset, open_dataset
 
-# Map a memory-mapped dataset's pages at open when it takes less than this share of the
-# free RAM (the large preset on a laptop does not, and is read as the epoch goes).
+# Map a memory-mapped dataset's pages at open, or (mode auto) copy it into RAM, when it takes
+# less than this share of the free RAM (the large preset on a laptop does not, and is read
+# as the epoch goes).
 PREFAULT_RAM_SHARE = 0.5
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; Python 3.13 names it
 
@@ -44,23 +45,44 @@ def map_pages_now(array: np.memmap) -> None:
             pass
 
 
+def dataset_bytes(dataset: PreparedDataset) -> int:
+    return 4 * dataset.n_samples * (dataset.n_x + dataset.n_y)  # float32 x and y
+
+
+def fits_in_memory(nbytes: int, copies: int = 1) -> bool:
+    """``copies`` copies of ``nbytes`` take less than PREFAULT_RAM_SHARE of the free RAM."""
+    return copies * nbytes < PREFAULT_RAM_SHARE * psutil.virtual_memory().available
+
+
+def chosen_mode(mode: str, dataset: PreparedDataset, copies: int = 1) -> str:
+    """``auto`` made concrete: one tensor in RAM (``controlled``) when each of ``copies``
+    processes on this host can hold one, else memory-mapped shards (``efficient``); any
+    other mode as asked. One tensor is gathered with one ``index_select`` each for x and y,
+    as the bench's raw loop does; from 8 mapped shards a batch of 256 takes sixteen, about
+    twice as long on 2 cores (issue 19)."""
+    if mode != "auto":
+        return mode
+    return "controlled" if fits_in_memory(dataset_bytes(dataset), copies) else "efficient"
+
+
 class FlattenedDataset(Dataset):
     """Rows of a prepared dataset. ``mode='efficient'`` memory-maps the shards (the page
     cache is shared by every rank); ``mode='controlled'`` copies them into one tensor in RAM;
     ``mode='device'`` copies them to ``device`` (a GPU: batches never cross PCIe; on CPU
-    the same as controlled).
+    the same as controlled); ``mode='auto'`` is controlled when the copy fits in RAM, else
+    efficient (:func:`chosen_mode`; ``self.mode`` says which).
 
     ``dataset[i]`` gives one sample; ``dataset[[i, j, ...]]`` gives a whole batch, which is
     how :class:`FlattenedDataModule` reads.
     """
 
-    def __init__(self, dataset: PreparedDataset | str | Path, mode: str = "efficient",
+    def __init__(self, dataset: PreparedDataset | str | Path, mode: str = "auto",
                  device: torch.device | str = "cpu"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not isinstance(dataset, PreparedDataset):
             dataset = open_dataset(Path(dataset), verify=False)
-        self.prepared, self.mode = dataset, mode
+        self.prepared, self.mode = dataset, chosen_mode(mode, dataset)
         self.device = torch.device(device if mode == "device" else "cpu")
         self.offsets = np.cumsum([0] + [s.rows for s in dataset.shards])
         self._open_shards()
@@ -98,9 +120,7 @@ class FlattenedDataset(Dataset):
 
     def _fits_in_memory(self) -> bool:
         if not hasattr(self, "_fits"):
-            data = self.prepared
-            nbytes = 4 * data.n_samples * (data.n_x + data.n_y)  # float32 x and y
-            self._fits = nbytes < PREFAULT_RAM_SHARE * psutil.virtual_memory().available
+            self._fits = fits_in_memory(dataset_bytes(self.prepared))
         return self._fits
 
     def __getstate__(self) -> dict:

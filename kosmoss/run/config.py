@@ -41,7 +41,7 @@ class RunConfig:
     seed: int = 42
     result_json: Optional[Path] = None
     hidden: Tuple[int, ...] = DEFAULT_HIDDEN
-    mode: str = "efficient"
+    mode: str = "auto"
     num_workers: Optional[int] = None  # None: sized per process from the cores
     machine_gpu: str = "none"  # what this machine allows: none | offer | force
     gpu_index: Optional[int] = None

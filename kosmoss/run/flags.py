@@ -89,8 +89,11 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
     add("--hidden", type=int, nargs="+", default=Default(list(DEFAULTS.hidden)),
         help="hidden layer sizes (default: 100 100 100)")
     add("--mode", choices=MODES, default=Default(DEFAULTS.mode),
-        help="efficient: memory-mapped shards; controlled: shards copied to RAM; device: "
-             "copied to the GPU, which then gathers its own batches")
+        help="auto: controlled when every process on this host can hold a copy in half the "
+             "free RAM, else efficient; efficient: memory-mapped shards (one page cache for "
+             "every rank); controlled: shards copied into one tensor in RAM (one gather a "
+             "batch); device: copied to the GPU, which then gathers its own batches "
+             "(default %(default)s)")
     add("--num-workers", type=int, default=None,
         help="data workers per process (default: sized from the cores per process)")
     add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,

@@ -20,7 +20,7 @@ import psutil
 from .. import launch, paths
 from ..cpus import default_num_workers
 from ..data import presets
-from ..data.loading import SPLITS, split_indices
+from ..data.loading import SPLITS, chosen_mode, split_indices
 from ..data.store import PreparedDataset
 from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..engines import get as get_engine
@@ -52,6 +52,7 @@ class RunPlan:
     resume_from: Optional[Path]
     resumed_from_step: Optional[int]
     num_workers: int
+    data_mode: str  # config.mode made concrete: auto holds the data in RAM if every rank can
     collective_timeout: timedelta
     warnings: Tuple[str, ...]
     notes: Tuple[str, ...] = ()  # what a resume took over or changed, said before training
@@ -72,7 +73,18 @@ class RunPlan:
             reason = self.engine.backend_reason(self.share, self.policy.gpu,
                                                 self.topology.ranks_on_host)
             lines.append(f"backend: {reason}")
+        lines.append(f"data: {self._data_line()}")
         return lines + ["scaling:"] + [f"  {line}" for line in self.scaling.lines()]
+
+
+    def _data_line(self) -> str:
+        where = {"efficient": "memory-mapped shards (one page cache for every rank)",
+                 "controlled": "one tensor in RAM per process",
+                 "device": "one tensor on the training device per process"}[self.data_mode]
+        asked = self.config.mode
+        return f"--mode {asked}: {where}" if asked != "auto" else \
+            f"--mode auto: {where}, chosen for {self.topology.ranks_on_host} process(es) on " \
+            f"this host and {self.dataset.path.name}'s size"
 
 
 def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -> RunPlan:
@@ -110,6 +122,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         resume_from=resume_from, resumed_from_step=step,
         num_workers=(config.num_workers if config.num_workers is not None
                      else default_num_workers(topology.ranks_on_host)),
+        data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host),
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=point.notes if point is not None else (),

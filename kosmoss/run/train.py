@@ -30,6 +30,7 @@ from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaChec
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .plan import RunPlan
 from .preemption import StopOnSignal
+from .profiler import NoProfiler
 from .quiet import quiet_lightning
 
 SCORES = ("val_loss", "val_rmse_wm2", "test_loss", "test_rmse_wm2")
@@ -64,7 +65,7 @@ def train(plan: RunPlan) -> Outcome:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = FlattenedDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
-                                     mode=config.mode, splits=SPLITS, seed=config.seed,
+                                     mode=plan.data_mode, splits=SPLITS, seed=config.seed,
                                      num_workers=plan.num_workers)
     model = LitMLP(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
                    stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
@@ -140,6 +141,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         log_every_n_steps=min(50, steps_per_epoch),
         enable_progress_bar=config.progress,
         enable_model_summary=False,  # the parameter count is in the summary line
+        profiler=NoProfiler(),
         default_root_dir=plan.run_dir,
     )
 

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from kosmoss.data.datamodule import FlattenedDataModule
-from kosmoss.data.loading import FlattenedDataset, RankBatchSampler, split_indices
+from kosmoss.data import loading
+from kosmoss.data.loading import (FlattenedDataset, RankBatchSampler, chosen_mode,
+                                  dataset_bytes, split_indices)
 
 
 def test_batched_read_matches_per_sample_read(random_dataset):
@@ -33,6 +35,22 @@ def test_ram_modes_hold_one_tensor_each_and_gather_once(random_dataset, monkeypa
     monkeypatch.setattr(torch, "index_select", lambda *a, **k: calls.append(1) or real(*a, **k))
     data[np.array([999, 3, 500, 128, 127, 3, 640])]
     assert len(calls) == 2  # x and y, whatever the shards the rows come from
+
+
+def test_auto_holds_one_tensor_when_every_copy_fits_and_maps_otherwise(random_dataset,
+                                                                      monkeypatch):
+    nbytes = dataset_bytes(random_dataset)
+    free = 10 * nbytes  # half of it (PREFAULT_RAM_SHARE) holds 4 copies, not 5
+    monkeypatch.setattr(loading.psutil, "virtual_memory", lambda: type("M", (), {"available": free}))
+    assert [chosen_mode("auto", random_dataset, copies) for copies in (1, 4, 5, 8)] == \
+        ["controlled", "controlled", "efficient", "efficient"]
+    assert chosen_mode("efficient", random_dataset, copies=1) == "efficient"  # as asked
+    assert FlattenedDataset(random_dataset).mode == "controlled"
+    free = nbytes  # (read when called) one copy would take all of it
+    data = FlattenedDataset(random_dataset, mode="auto")
+    assert data.mode == "efficient" and len(data._x) == len(random_dataset.shards)
+    idx = np.array([999, 3, 500, 128, 127, 3, 640])
+    torch.testing.assert_close(data[idx], FlattenedDataset(random_dataset, mode="controlled")[idx])
 
 
 @pytest.mark.gpu
@@ -140,10 +158,11 @@ def test_a_dataset_that_fits_in_ram_is_mapped_at_open(random_dataset, monkeypatc
     are mapped when the dataset opens, where a run's start-up already waits."""
     import kosmoss.data.loading as loading
 
-    mapped = _faults_reading_every_row(FlattenedDataset(random_dataset))
+    mapped = _faults_reading_every_row(FlattenedDataset(random_dataset, mode="efficient"))
     monkeypatch.setattr(loading, "map_pages_now", lambda array: None)
-    unmapped = _faults_reading_every_row(FlattenedDataset(random_dataset))
-    pages = sum(shard.numel() * 4 for shard in FlattenedDataset(random_dataset)._x) // 4096
+    unmapped = FlattenedDataset(random_dataset, mode="efficient")
+    pages = sum(shard.numel() * 4 for shard in unmapped._x) // 4096
+    unmapped = _faults_reading_every_row(unmapped)
     assert unmapped > pages // 64  # the kernel maps up to 16 pages per fault
     assert mapped < unmapped // 4, (mapped, unmapped, pages)
 
@@ -154,8 +173,8 @@ def test_a_dataset_too_large_for_ram_is_read_as_it_goes(random_dataset, monkeypa
     calls = []
     monkeypatch.setattr(loading, "map_pages_now", calls.append)
     monkeypatch.setattr(loading, "PREFAULT_RAM_SHARE", 1e-12)
-    FlattenedDataset(random_dataset)
+    FlattenedDataset(random_dataset, mode="efficient")
     assert calls == []
     monkeypatch.setattr(loading, "PREFAULT_RAM_SHARE", 0.5)
-    FlattenedDataset(random_dataset)
+    FlattenedDataset(random_dataset, mode="efficient")
     assert len(calls) == 2 * len(random_dataset.shards)  # x and y of every shard

@@ -44,6 +44,10 @@ def test_prepare_decides_everything_and_writes_nothing(home):
     assert sum(plan.split_sizes.values()) == plan.dataset.n_samples == 2048
     assert not plan.run_dir.exists() and plan.resume_from is None
     assert plan.collective_timeout.total_seconds() == 120
+    # tiny (38 MB) fits twice in RAM: each of the 2 ranks holds it as one tensor.
+    assert (plan.config.mode, plan.data_mode) == ("auto", "controlled")
+    assert "data: --mode auto: one tensor in RAM per process, chosen for 2 process(es)" \
+        in "\n".join(plan.describe())
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.run_id = "other"
     with pytest.raises(dataclasses.FrozenInstanceError):
