@@ -158,7 +158,11 @@ def test_a_dataset_that_fits_in_ram_is_mapped_at_open(random_dataset, monkeypatc
     are mapped when the dataset opens, where a run's start-up already waits."""
     import kosmoss.data.loading as loading
 
-    mapped = _faults_reading_every_row(FlattenedDataset(random_dataset, mode="efficient"))
+    # The same reads from RAM first: threads and buffers this process starts once are not
+    # counted against either case (getrusage counts the whole process).
+    _faults_reading_every_row(FlattenedDataset(random_dataset, mode="controlled"))
+    mapped = min(_faults_reading_every_row(FlattenedDataset(random_dataset, mode="efficient"))
+                 for _ in range(2))
     monkeypatch.setattr(loading, "map_pages_now", lambda array: None)
     unmapped = FlattenedDataset(random_dataset, mode="efficient")
     pages = sum(shard.numel() * 4 for shard in unmapped._x) // 4096
