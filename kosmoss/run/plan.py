@@ -76,7 +76,6 @@ class RunPlan:
         lines.append(f"data: {self._data_line()}")
         return lines + ["scaling:"] + [f"  {line}" for line in self.scaling.lines()]
 
-
     def _data_line(self) -> str:
         where = {"efficient": "memory-mapped shards (one page cache for every rank)",
                  "controlled": "one tensor in RAM per process",
