@@ -159,8 +159,8 @@ alone = measured.get("lightning-cpu")
 if raw and alone and single:
     own_ms = step_ms(single) - step_ms(alone)
     print(f"  of which Lightning's loop: {step_ms(alone) - step_ms(raw):+.2f} ms (lightning-cpu, "
-          f"ratio {alone['ratio']:.2f}); kosmoss's callbacks, logging and shards: {own_ms:+.2f} ms"
-          + (" (below zero: noise, with this few steps)" if own_ms < 0 else ""))
+          f"ratio {alone['ratio']:.2f}); kosmoss's callbacks, logging and loader, less what "
+          f"its Trainer trims from Lightning's loop: {own_ms:+.2f} ms")
     same = "the same" if alone["val_loss"] == raw["val_loss"] else "a different"
     print(f"  lightning-cpu ended at {same} validation loss as the raw loop "
           f"({alone['val_loss']:.7f} and {raw['val_loss']:.7f}): the same work")

@@ -8,9 +8,9 @@
 - ``lightning``: the raw loop's data, model, batches and step, driven by
   ``Trainer(barebones=True)`` through a DataLoader: Lightning's own loop and automatic
   optimisation with nothing kosmoss adds (no callback of kosmoss's, no logger, no
-  checkpoint, no memory-mapped shards). Its ratio to ``raw`` is the most a Lightning
-  run of this step with automatic optimisation can reach on the machine; ``kosmoss`` ÷ ``lightning`` is kosmoss's own
-  cost on top;
+  checkpoint, no memory-mapped shards). Its ratio to ``raw`` is what a stock Lightning
+  Trainer with automatic optimisation costs; ``kosmoss`` ÷ ``lightning`` is what kosmoss
+  adds on top, less the per-hook Python its own Trainer leaves out;
 - ``loader-course``: the original course's loader, one memmap opened per sample;
 - ``loader-kosmoss``: :class:`FlattenedDataset`'s batched reads of the same batches.
 

@@ -2,6 +2,7 @@
 peaks `kosmoss bench` reads) and replica agreement; and the checkpointing of every run."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from typing import List, Optional
@@ -20,14 +21,12 @@ class CheckpointToTheEnd(pl.callbacks.ModelCheckpoint):
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
     it to train further trained the steps after that validation a second time."""
 
-    @property
+    @functools.cached_property
     def state_key(self) -> str:
         # Lightning formats this key for every hook it calls on the callback, ~6 a step, and
         # ModelCheckpoint builds it from a dict's repr each time (~4 µs); its parts are all
         # set in __init__, so the first answer stays right.
-        if "_state_key" not in self.__dict__:
-            self.__dict__["_state_key"] = super().state_key
-        return self.__dict__["_state_key"]
+        return super().state_key
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
