@@ -29,9 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-import pytorch_lightning as pl
-
 from ..errors import RunFailed
+from ..hooks import LeanCallback
 
 FLIGHT_RECORDER_DIR = "flight-recorder"
 STACKS_DIR = "stacks"
@@ -58,7 +57,7 @@ class StartupTimeout(RunFailed):
                          f"loading data, or never started); monitored_barrier: {detail}")
 
 
-class StartupCheck(pl.Callback):
+class StartupCheck(LeanCallback):
     """All ranks meet once before training; a rank missing after ``timeout_s`` is named.
 
     Lightning's own barriers and DDP's first broadcast would wait for the collective

@@ -23,16 +23,15 @@ from collections import deque
 from pathlib import Path
 from typing import Deque, Optional, Tuple
 
-import pytorch_lightning as pl
-
 from ..files import atomic_write_json
+from ..hooks import LeanCallback
 from .runs import heartbeat_path
 
 INTERVAL_S = 1.0
 WINDOW_S = 5.0  # rates are over this many seconds of the most recent steps
 
 
-class Heartbeat(pl.Callback):
+class Heartbeat(LeanCallback):
     """Writes this rank's heartbeat file (see the module docstring for its fields)."""
 
     def __init__(self, run_dir: Path, interval_s: float = INTERVAL_S) -> None:

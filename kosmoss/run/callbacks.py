@@ -11,15 +11,23 @@ import pytorch_lightning as pl
 import torch
 
 from ..devices import Sharing, apply_sharing, to_numpy
+from ..hooks import LeanCallback
 from ..memory import peak_host_rss_mib
 from ..throughput import StepClock
 
 
-class CheckpointToTheEnd(pl.callbacks.ModelCheckpoint):
+class CheckpointToTheEnd(LeanCallback, pl.callbacks.ModelCheckpoint):
     """Lightning's ModelCheckpoint, whose ``last.ckpt`` also holds the final step. Lightning
     saves ``last`` after each validation and, at the end of training, only if it never saved
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
     it to train further trained the steps after that validation a second time."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self._every_n_train_steps < 1 and self._train_time_interval is None:
+            # ModelCheckpoint saves from this hook only every N steps or every interval;
+            # with neither it checks the trainer's state every step and returns (a few µs).
+            self.on_train_batch_end = None
 
     @functools.cached_property
     def state_key(self) -> str:
@@ -34,7 +42,7 @@ class CheckpointToTheEnd(pl.callbacks.ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
 
 
-class ThroughputMeter(pl.Callback):
+class ThroughputMeter(LeanCallback):
     """Training samples per second over the whole world, in steady state (the one
     :class:`kosmoss.throughput.StepClock` rule, shared with the bench's raw loop); when each
     validation ended and its loss (time to a target loss); peak memory and minor page faults
@@ -93,7 +101,7 @@ class ThroughputMeter(pl.Callback):
          self.step_time_cv) = ranks
 
 
-class PrecisionProbe(pl.Callback):
+class PrecisionProbe(LeanCallback):
     """Records the dtype of the first layer's output in the first training step: proof that
     bf16-mixed autocast was really active, not just a flag read back."""
 
@@ -101,7 +109,8 @@ class PrecisionProbe(pl.Callback):
         self.activation_dtype: Optional[str] = None
         self._hook = None
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Once, before the first step (not checked in every step's hook).
         if self.activation_dtype is None and self._hook is None:
             first = next(m for m in pl_module.modules() if isinstance(m, torch.nn.Linear))
             self._hook = first.register_forward_hook(self._record)
@@ -111,7 +120,7 @@ class PrecisionProbe(pl.Callback):
         self._hook.remove()
 
 
-class GpuShare(pl.Callback):
+class GpuShare(LeanCallback):
     """Ranks that share a GPU each take 1/n of its memory (kosmoss.devices.sharing)."""
 
     def __init__(self, share: Sharing) -> None:
@@ -126,7 +135,7 @@ def parameter_checksum(module: torch.nn.Module) -> str:
     return hashlib.sha256(to_numpy(flat).tobytes()).hexdigest()[:15]
 
 
-class ReplicaCheck(pl.Callback):
+class ReplicaCheck(LeanCallback):
     """After training, gathers a checksum of every rank's weights: DDP replicas that
     agree bit for bit have the same checksum."""
 

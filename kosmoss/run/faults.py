@@ -29,6 +29,7 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from .. import records
 from ..errors import RunFailed
+from ..hooks import LeanCallback
 
 WAIT_FOR_THE_DEAD_S = 2.0  # a dead peer's sockets close a moment before it is seen dead
 
@@ -84,7 +85,7 @@ class ContinuedCSVLogger(CSVLogger):
         return self._experiment
 
 
-class DeadRankNamed(pl.Callback):
+class DeadRankNamed(LeanCallback):
     """A rank that dies (``kill -9``, out of memory) makes the others fail inside a collective
     with a long gloo traceback. Say who died instead, in one line: the local ranks this
     process started (their exit status names the signal), else the run's process records.

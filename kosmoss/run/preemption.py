@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import pytorch_lightning as pl
 import torch
+
+from ..hooks import LeanCallback
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 CHECKPOINT = "preempted.ckpt"
@@ -30,7 +31,7 @@ CHECK_EVERY_S = 1.0  # Slurm warns 90 s ahead; a stop within a second of the sig
 MAX_STEPS_BETWEEN_CHECKS = 1000
 
 
-class StopOnSignal(pl.Callback):
+class StopOnSignal(LeanCallback):
     def __init__(self, checkpoint_dir: Path) -> None:
         self.checkpoint = Path(checkpoint_dir) / CHECKPOINT
         self.received: Optional[int] = None

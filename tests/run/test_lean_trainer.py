@@ -1,5 +1,7 @@
 """What kosmoss's Trainer leaves out of Lightning's per-step Python (issue 19), and that
 leaving it out changes nothing a run records."""
+from datetime import timedelta
+
 import pytorch_lightning as pl
 import pytest
 
@@ -30,3 +32,33 @@ def test_the_checkpoint_callback_keeps_lightnings_state_key(tmp_path):
     assert ours.state_key is ours.state_key  # built once: checkpoints keep finding it
     other = CheckpointToTheEnd(dirpath=tmp_path, monitor="val_rmse_wm2")
     assert other.state_key != ours.state_key and "val_rmse_wm2" in other.state_key
+
+
+def test_a_run_calls_per_batch_only_the_hooks_its_callbacks_use(tmp_path):
+    from kosmoss.diagnose.hang import StartupCheck
+    from kosmoss.diagnose.heartbeat import Heartbeat
+    from kosmoss.hooks import used_hooks
+    from kosmoss.run.callbacks import GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
+    from kosmoss.run.faults import DeadRankNamed
+    from kosmoss.run.preemption import StopOnSignal
+
+    used = {type(cb).__name__: used_hooks(cb) for cb in (
+        DeadRankNamed(tmp_path), ThroughputMeter(), ReplicaCheck(), PrecisionProbe(),
+        StopOnSignal(tmp_path), Heartbeat(tmp_path), GpuShare(None), StartupCheck(1.0),
+        CheckpointToTheEnd(dirpath=tmp_path, monitor="val_loss", save_last=True))}
+    assert used == {
+        "DeadRankNamed": (), "ReplicaCheck": (), "PrecisionProbe": (), "GpuShare": (),
+        "StartupCheck": (), "CheckpointToTheEnd": (),
+        "ThroughputMeter": ("on_train_batch_end",), "StopOnSignal": ("on_train_batch_end",),
+        "Heartbeat": ("on_train_batch_start", "on_train_batch_end", "on_before_backward",
+                      "on_after_backward"),
+    }
+
+
+def test_the_checkpoint_callback_keeps_its_batch_hook_when_it_saves_by_step(tmp_path):
+    from kosmoss.hooks import used_hooks
+
+    by_step = CheckpointToTheEnd(dirpath=tmp_path, every_n_train_steps=5)
+    assert used_hooks(by_step) == ("on_train_batch_end",)
+    by_time = CheckpointToTheEnd(dirpath=tmp_path, train_time_interval=timedelta(minutes=1))
+    assert used_hooks(by_time) == ("on_train_batch_end",)
