@@ -10,14 +10,19 @@ Variants, interleaved repeat by repeat:
 
 - ``plain``: the loop written out (batch from a list, forward, MSE, zero_grad, backward,
   Adam), no DataLoader;
-- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation, kosmoss's
-  :class:`~kosmoss.run.profiler.NoProfiler`;
+- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation, as kosmoss's Trainer
+  runs it: :class:`~kosmoss.run.profiler.NoProfiler`, batches from a
+  :class:`~kosmoss.data.datamodule.BatchLoader`;
+- ``lightning, torch DataLoader``: the same batches through torch's DataLoader (what the
+  BatchLoader saves);
 - ``lightning, stock profiler``: the same with Lightning's default ``PassThroughProfiler``
   (what NoProfiler saves);
 - ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
   hook name removed (what that shortcut saves);
 - ``lightning, 8 more callbacks``: the same with 8 callbacks that override nothing
   (Lightning calls each of a step's hooks on every callback: what one callback costs);
+- ``lightning, 8 more LeanCallbacks``: the same 8 as :class:`kosmoss.hooks.LeanCallback`
+  (what a callback costs when Lightning skips the hooks it does not use);
 - ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
   optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
   put it in their own Trainers, where ``accumulate_grad_batches`` and gradient clipping
@@ -30,11 +35,14 @@ import sys
 import warnings
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
 from ..cli_support import OneLineParser
+from ..data.datamodule import BatchLoader
+from ..hooks import LeanCallback
 from ..lessons import quiet_lightning
 from ..model import LitMLP
 from ..run.profiler import NoProfiler
@@ -105,14 +113,20 @@ class NoHooks(pl.Callback):
     """A callback that overrides nothing: Lightning still calls each hook on it."""
 
 
-def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True) -> Callable[[int], float]:
+class LeanNoHooks(LeanCallback):
+    """The same as a LeanCallback: Lightning skips its per-batch hooks."""
+
+
+def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True, torch_loader: bool = False,
+                 extra=NoHooks) -> Callable[[int], float]:
     def run(steps: int) -> float:
         x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
-        loader = DataLoader(RowsInMemory(x, x.clone()), batch_size=None,
-                            sampler=[torch.tensor([i]).numpy() for i in range(steps)])
+        rows, batches = RowsInMemory(x, x.clone()), [np.array([i]) for i in range(steps)]
+        loader = (DataLoader(rows, batch_size=None, sampler=batches) if torch_loader
+                  else BatchLoader(rows, batches))
         timer = StepTimer()
         trainer = pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
-                             callbacks=[timer] + [NoHooks() for _ in range(extra_callbacks)],
+                             callbacks=[timer] + [extra() for _ in range(extra_callbacks)],
                              use_distributed_sampler=False)
         if lean:  # barebones refuses any profiler argument, so it is swapped in afterwards
             trainer.profiler = NoProfiler()
@@ -124,9 +138,11 @@ def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True) -> Callable[[
 VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
     "lightning": in_lightning(LitMLP),
+    "lightning, torch DataLoader": in_lightning(LitMLP, torch_loader=True),
     "lightning, stock profiler": in_lightning(LitMLP, lean=False),
     "lightning, nn.Module.__setattr__": in_lightning(StockSetattr),
     "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
+    "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
 }
 

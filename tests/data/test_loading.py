@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
 
-from kosmoss.data.datamodule import FlattenedDataModule
+from kosmoss.data.datamodule import BatchLoader, FlattenedDataModule
 from kosmoss.data import loading
 from kosmoss.data.loading import (FlattenedDataset, RankBatchSampler, chosen_mode,
                                   dataset_bytes, split_indices)
@@ -117,13 +119,43 @@ def test_datamodule_loaders_give_whole_batches(random_dataset):
 
 
 def test_datamodule_with_workers_reads_the_same(random_dataset):
+    """Without workers a BatchLoader reads in place; with them, torch's DataLoader: the same
+    batches in the same order, epoch after epoch."""
     plain = FlattenedDataModule(random_dataset, batch_size=50, seed=1)
     workers = FlattenedDataModule(random_dataset, batch_size=50, seed=1, num_workers=2)
     for dm in (plain, workers):
         dm.setup("fit")
-    for (xa, ya), (xb, yb) in zip(plain.val_dataloader(), workers.val_dataloader()):
-        torch.testing.assert_close(xa, xb)
-        torch.testing.assert_close(ya, yb)
+    assert isinstance(plain.train_dataloader(), BatchLoader)
+    assert isinstance(plain.val_dataloader(), BatchLoader)
+    assert isinstance(workers.train_dataloader(), DataLoader)
+    pairs = [(plain.val_dataloader(), workers.val_dataloader())]
+    lean, torch_loader = plain.train_dataloader(), workers.train_dataloader()
+    assert len(lean) == len(torch_loader) == 16
+    for epoch in (0, 1):  # what Lightning does at each epoch's start
+        lean.sampler.set_epoch(epoch)
+        torch_loader.sampler.set_epoch(epoch)
+        pairs.append((list(lean), list(torch_loader)))
+    assert not torch.equal(pairs[1][0][0][0], pairs[2][0][0][0])  # epochs differ
+    for a, b in pairs:
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            torch.testing.assert_close(xa, xb)
+            torch.testing.assert_close(ya, yb)
+
+
+def test_a_lightning_fit_reads_through_the_batch_loader(random_dataset):
+    """Sanity check, training and validation, with the loader's state in the checkpoint."""
+    from kosmoss.model import LitMLP
+
+    dm = FlattenedDataModule(random_dataset, batch_size=64, seed=1)
+    model = LitMLP(random_dataset.n_x, (8,), random_dataset.n_y, stats=random_dataset.statistics())
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=5, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False,
+                         val_check_interval=5)
+    trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 5 and "val_loss" in trainer.callback_metrics
+    state = trainer.fit_loop.state_dict()["state_dict"]["combined_loader"][0]
+    assert state == {"epoch": 0, "batches_done": 5}
 
 
 def test_sampler_resume_skips_only_the_epoch_it_names():
