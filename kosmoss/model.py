@@ -106,7 +106,8 @@ class LitMLP(pl.LightningModule):
         loss = nn.functional.mse_loss(prediction, target)
         if stage == "train":
             if self._logs_this_step():  # sync_dist: the mean over every rank, not rank 0's
-                self.log("train_loss", loss, prog_bar=True, sync_dist=True, batch_size=len(x))
+                self.log("train_loss", loss, prog_bar=self._shows_progress(), sync_dist=True,
+                         batch_size=len(x))
             return loss
         self.mse[stage](prediction.float(), target)
         self.rmse_wm2[stage](self.denormalize_y(prediction.float()), y)
@@ -124,6 +125,13 @@ class LitMLP(pl.LightningModule):
         # Lightning's loggers write when (steps done + 1) % every == 0: log on those steps,
         # and on the first (the progress bar and callback_metrics have a value at once).
         return every > 0 and (self.global_step == 0 or (self.global_step + 1) % every == 0)
+
+    def _shows_progress(self) -> bool:
+        # For a progress bar Lightning turns the last logged loss into a float after every
+        # step, logged or not (.item(): on a GPU, a wait for the step's kernels). Without
+        # one, nobody reads it.
+        trainer = self._trainer
+        return trainer is None or trainer.progress_bar_callback is not None
 
     def training_step(self, batch, batch_idx):
         return self._common_step(batch, "train")

@@ -64,6 +64,20 @@ def test_lightning_still_passes_batch_idx_to_training_step():
                                           min_args=2)
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_train_loss_goes_to_the_progress_bar_only_where_there_is_one(random_dataset, tmp_path,
+                                                                     progress):
+    """Without a progress bar Lightning would still turn the loss into a float each step."""
+    model = _model(random_dataset)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=3,
+                         enable_progress_bar=progress, enable_checkpointing=False,
+                         enable_model_summary=False, use_distributed_sampler=False,
+                         limit_val_batches=0, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=FlattenedDataModule(random_dataset, batch_size=64))
+    assert "train_loss" in trainer.callback_metrics  # logged either way
+    assert ("train_loss" in trainer.progress_bar_metrics) == progress
+
+
 def test_forward_is_in_physical_units(random_dataset):
     model = _model(random_dataset)
     x = torch.randn(4, random_dataset.n_x)
