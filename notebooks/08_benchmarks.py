@@ -114,10 +114,11 @@ display(Image(filename=str(out / "bench.png")))
 # - **kosmoss on one process** adds to that its own callbacks (the clock, heartbeat,
 #   checkpoints), logging, and reading batches as `--mode auto` holds the data (one tensor
 #   in RAM, as the raw loop's, when every process can hold a copy; memory-mapped shards
-#   otherwise), and takes away some of Lightning's per-hook cost (a
-#   profiler that builds nothing, the hook name set without `nn.Module`'s checks): with
-#   Lightning's, a fixed cost per step, which matters more when a step is short (small
-#   batch, fast device);
+#   otherwise), and takes away some of Lightning's per-batch cost (a
+#   profiler that builds nothing, the hook name set without `nn.Module`'s checks, batches
+#   read in place instead of through torch's DataLoader, callbacks whose unused per-batch
+#   hooks Lightning skips): with Lightning's, a fixed cost per step, which matters more
+#   when a step is short (small batch, fast device);
 # - **DDP** adds an all-reduce of every gradient per step, over gloo through the loopback
 #   here, and the two ranks share the machine's cores;
 # - **simulated nodes** are the same ranks started as separate node processes: the same
