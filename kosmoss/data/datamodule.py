@@ -21,7 +21,10 @@ class Resumable:
     epoch were trained."""
 
     sampler: RankBatchSampler
-    batches_done: Callable[[], int]
+
+    def __init__(self, *args, batches_done: Callable[[], int], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_done = batches_done
 
     def state_dict(self) -> dict:
         return {"epoch": self.sampler.epoch, "batches_done": self.batches_done()}
@@ -51,16 +54,11 @@ class BatchLoader:
 
 
 class ResumableBatchLoader(Resumable, BatchLoader):
-    def __init__(self, dataset: FlattenedDataset, sampler: RankBatchSampler, *,
-                 batches_done: Callable[[], int]) -> None:
-        super().__init__(dataset, sampler)
-        self.batches_done = batches_done
+    pass
 
 
 class ResumableLoader(Resumable, DataLoader):
-    def __init__(self, *args, batches_done: Callable[[], int], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches_done = batches_done
+    pass
 
 
 Loader = Union[BatchLoader, DataLoader]  # a BatchLoader where no workers or pinning are asked for
