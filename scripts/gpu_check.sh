@@ -21,10 +21,12 @@
 #   bench     kosmoss bench, its GPU rows, the raw loops they are divided by and the raw
 #             loop inside Lightning (lightning-gpu: Lightning's fixed cost against a GPU
 #             step); one repeat instead of two when less than 300 s of the budget is left
+#   anatomy   the shared-GPU row's step split in parts: 1 process; 2 ranks on the one GPU,
+#             nothing exchanged; + one flat all-reduce; + DDP (kosmoss.bench.ddp_anatomy)
 #   sweep     the raw bf16 loop at three batch sizes: is --gpu-batch large enough?
 #
 # Options: --out DIR (default $OUT, else runs/gpu-check-<time>) --wheels DIR (gpu-wheels)
-# --only STEP,... --budget SECONDS (560: the device tool stops a call at 600; a step that
+# --only STEP,... --tests PATH,... (what pytest collects: tests) --budget SECONDS (560: the device tool stops a call at 600; a step that
 # no longer fits is reported as not run) --columns N (131072) --gpu-batch N (16384).
 # Writes into the output folder, 7 files: gpu-report.md (step, result, command, figure),
 # results.json, gpu-check.log, pytest-gpu.log, bench.json, bench.csv, bench.png.
@@ -40,8 +42,8 @@ cd "$(dirname "$0")/.." || exit 2
 # shellcheck source=scripts/gpu_wheels.sh
 source scripts/gpu_wheels.sh  # CARRIED, WHEEL_DIR_DEFAULT, wheel_glob
 
-STEPS=(install env data pytest headline bf16 ghost bench sweep)
-NEEDS_DATA=(headline bf16 sweep bench)
+STEPS=(install env data pytest headline bf16 ghost bench anatomy sweep)
+NEEDS_DATA=(headline bf16 sweep bench anatomy)
 # What kosmoss and its GPU tests import that the GPU machine's image already holds.
 REQUIRED_THERE=(torch pytorch-lightning torchmetrics numpy psutil rich tensorboard matplotlib
                 pytest pytest-timeout)
@@ -49,7 +51,7 @@ BENCH_ROWS=(raw-gpu lightning-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss
 SWEEP_BATCHES=4096,16384,32768
 SHARD_SIZE=16384
 declare -A LIMIT_S=([install]=120 [env]=60 [data]=300 [pytest]=300 [headline]=150 [bf16]=120
-                    [ghost]=150 [sweep]=150 [bench]=300)
+                    [ghost]=150 [sweep]=150 [bench]=300 [anatomy]=150)
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 
@@ -61,12 +63,12 @@ positive() {  # positive FLAG VALUE
 
 parse_args() {
     DRY_RUN=0 OUT_ARG="" WHEELS=$WHEEL_DIR_DEFAULT ONLY="" BUDGET=560 COLUMNS=131072
-    GPU_BATCH=16384
+    GPU_BATCH=16384 TESTS=tests
     while [ $# -gt 0 ]; do
         case "$1" in
             --dry-run) DRY_RUN=1; shift; continue ;;
             -h|--help) usage; exit 0 ;;
-            --out|--wheels|--only|--budget|--columns|--gpu-batch)
+            --out|--wheels|--only|--budget|--columns|--gpu-batch|--tests)
                 [ $# -ge 2 ] || die "$1 needs a value (see --help)" ;;
             *) die "unknown argument $1 (see --help)" ;;
         esac
@@ -74,6 +76,7 @@ parse_args() {
             --out) OUT_ARG=$2 ;;
             --wheels) WHEELS=$2 ;;
             --only) ONLY=$2 ;;
+            --tests) TESTS=$2 ;;
             --budget) positive "$1" "$2"; BUDGET=$2 ;;
             --columns) positive "$1" "$2"; COLUMNS=$2 ;;
             --gpu-batch) positive "$1" "$2"; GPU_BATCH=$2 ;;
@@ -85,6 +88,10 @@ parse_args() {
     local step
     for step in ${ONLY//,/ }; do
         [[ " ${STEPS[*]} " == *" $step "* ]] || die "--only $step: no such step; choose from ${STEPS[*]}"
+    done
+    local tests
+    for tests in ${TESTS//,/ }; do
+        [ -e "${tests%%::*}" ] || die "--tests $tests: not in the checkout; give paths under tests/, comma-separated"
     done
     # The training split is 80 % of the columns; one GPU batch must fit in it.
     [ $((COLUMNS * 8 / 10)) -ge "$GPU_BATCH" ] ||
@@ -174,7 +181,7 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
                    --name "$DATASET") ;;
         # A module that fails to import must not stop the GPU tests of the others.
         pytest) CMD=("$PY" -m pytest -m gpu -p no:cacheprovider -q -rs
-                     --continue-on-collection-errors tests) ;;
+                     --continue-on-collection-errors ${TESTS//,/ }) ;;
         headline) CMD=("$PY" trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2
                        --dataset "$DATASET" --batch-size "$GPU_BATCH" --max-steps 100
                        --max-epochs 1000 --no-progress --result-json "$SCRATCH/headline.json") ;;
@@ -187,6 +194,9 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
         sweep)
             CMD=("$PY" "$HELPER" sweep "$SCRATCH" "$DATASET" "$SWEEP_BATCHES")
             SHOWN="$PY -m kosmoss.bench.baselines raw --device cuda --bf16 --dataset $DATASET --steps 60 --batch-size B, for B in $SWEEP_BATCHES" ;;
+        anatomy) CMD=("$PY" -m kosmoss.bench.ddp_anatomy --device cuda
+                      --dataset "$SCRATCH/home/data/$DATASET" --batch-size "$GPU_BATCH"
+                      --steps 100 --repeats 1 --json "$SCRATCH/anatomy.json") ;;
         bench) CMD=("$PY" -m kosmoss bench --only "${BENCH_ROWS[@]}" --dataset "$DATASET"
                     --gpu-batch-size "$GPU_BATCH" --steps 100 --repeats "$(bench_repeats)"
                     --out "$SCRATCH/bench") ;;
@@ -449,7 +459,7 @@ def report(scratch, out_dir):
     lines += [f"| {r['step']} | {r['status']} ({r['seconds']} s) | `{cell(r['command'])}` | "
               f"{cell(r['figure'])} |" for r in rows]
     results = {name: load(scratch / f"{name}.json")
-               for name in ("env", "headline", "bf16", "sweep", "ghost")}
+               for name in ("env", "headline", "bf16", "sweep", "ghost", "anatomy")}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, **results}, indent=2))
     for name in ("bench.json", "bench.csv", "bench.png"):
         if (scratch / "bench" / name).is_file():
@@ -457,7 +467,7 @@ def report(scratch, out_dir):
     lines += targets(scratch / "bench" / "bench.json")
     files = sorted(p.name for p in out_dir.iterdir() if p.name != "gpu-report.md")
     lines += ["", f"Files beside this report: {', '.join(files)} (results.json: kosmoss env, "
-              "the runs' result.json, the sweep, the ghost). Written by scripts/gpu_check.sh "
+              "the runs' result.json, the sweep, the ghost, the anatomy). Written by scripts/gpu_check.sh "
               "(docs/gpu.md)."]
     (out_dir / "gpu-report.md").write_text("\n".join(lines) + "\n")
 
@@ -488,6 +498,12 @@ def targets(path):
         speed = bf16["samples_per_s"]
         out.append(f"- kosmoss bf16 on 1 GPU: {speed / 1e6:.2f} M samples/s, "
                    f"{speed / 2e6:.0%} of the 2 M samples/s target for an H100.")
+    for row in rows.values():
+        if row.get("device") == "gpu" and row.get("predicted_over_measured") is not None:
+            ratio = row["predicted_over_measured"]
+            out.append(f"- Issue 16, {row['id']}: predicted {row['predicted_samples_per_s']:,.0f}"
+                       f" ÷ measured {row['samples_per_s']:,.0f} samples/s = {ratio:.2f} "
+                       f"(target 0.75-1.25: {'met' if 0.75 <= ratio <= 1.25 else 'missed'}).")
     out.append("- Why each figure is what it is: to be written by whoever commits this report.")
     return out
 
@@ -582,12 +598,21 @@ def bench_figure(scratch, out_dir):
     return "; ".join(parts), True
 
 
+def anatomy_figure(scratch, out_dir):
+    rows = load(scratch / "anatomy.json")
+    if not rows:
+        return "no anatomy.json", False
+    return "; ".join(f"{r['variant']}: {r['samples_per_s'] / 1e6:.2f} M/s "
+                     f"({r['ratio_to_1_process']:.2f}x)" for r in rows), True
+
 FIGURES = {
     "install": install_figure, "env": env_figure, "data": data_figure, "pytest": pytest_figure,
     "headline": run_figure("headline", {"world_size": 2, "num_nodes": 2, "accelerator": "gpu"}),
     "bf16": run_figure("bf16", {"precision": "bf16-mixed", "accelerator": "gpu"}),
     "ghost": written_figure("ghost"), "sweep": written_figure("sweep"), "bench": bench_figure,
+    "anatomy": anatomy_figure,
 }
+
 
 
 # ---- the sweep: is the GPU batch large enough to keep the device busy?

@@ -1,6 +1,12 @@
-"""Where N-rank CPU DDP loses against one process on the same cores, one change at a time.
+"""Where N-rank DDP loses against one process on the same cores (or the same GPU), one
+change at a time.
 
     python -m kosmoss.bench.ddp_anatomy --dataset DIR --batch-size 1024 --steps 200
+    python -m kosmoss.bench.ddp_anatomy --device cuda --dataset DIR --batch-size 16384
+
+With ``--device cuda`` every rank works on GPU 0, as kosmoss's simulated nodes sharing one
+GPU do (gloo, CUDA tensors): lines 1-4 split the same way the shared-GPU bench row's step
+(``nodes-gpu-2x1``) does, what the ranks cost each other on the GPU included.
 
 Every variant is the bench's raw loop (:func:`kosmoss.bench.baselines.raw_loop`: data in
 RAM, in-place normalisation, the MLP, MSE, Adam) at the same global batch, so that the
@@ -49,21 +55,25 @@ class Variant:
     threads_per_rank: Optional[int] = None  # default: the cores split over the ranks
 
 
-def variants(ranks: int) -> List[Variant]:
+def variants(ranks: int, device: str = "cpu") -> List[Variant]:
     view = (("gradient_as_bucket_view", True),)  # as kosmoss.engines.ddp runs DDP
-    return [
-        Variant("1 process, every core", 1, "none"),
-        Variant(f"{ranks} ranks, no communication", ranks, "none"),
+    gpu = device == "cuda"
+    chosen = [
+        Variant("1 process, the GPU" if gpu else "1 process, every core", 1, "none"),
+        Variant(f"{ranks} ranks{' sharing the GPU' if gpu else ''}, no communication", ranks,
+                "none"),
         Variant("+ one flat all-reduce after backward", ranks, "flat"),
         Variant("+ DDP as kosmoss runs it", ranks, "ddp", view),
         Variant("DDP, static_graph", ranks, "ddp", view + (("static_graph", True),)),
         Variant("DDP, 1 GiB buckets", ranks, "ddp", view + (("bucket_cap_mb", 1024),)),
-        Variant("DDP, 2 threads per rank", ranks, "ddp", view, threads_per_rank=2),
     ]
+    # Threads per rank matter to CPU arithmetic only.
+    return chosen if gpu else chosen + [Variant("DDP, 2 threads per rank", ranks, "ddp", view,
+                                                threads_per_rank=2)]
 
 
 def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int, steps: int,
-          out: str) -> None:
+          out: str, device_name: str = "cpu") -> None:
     import torch.distributed as dist
 
     from ..allocator import pin_malloc_thresholds
@@ -80,9 +90,11 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
                                 world_size=variant.ranks)
     prepared = open_dataset(Path(dataset), verify=False)
     train_idx = split_indices(prepared.n_samples, SPLITS, 42)[0]
-    x, y = FlattenedDataset(prepared, mode="efficient").read(train_idx)
+    device = torch.device(device_name)  # cuda: GPU 0 for every rank, as simulated nodes share it
+    x, y = (t.to(device) for t in FlattenedDataset(prepared, mode="efficient").read(train_idx))
     torch.manual_seed(42)
-    model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, stats=prepared.statistics())
+    model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y,
+                   stats=prepared.statistics()).to(device)
     net = model.net
     if variant.comm == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -96,7 +108,7 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
         sampler.set_epoch(epoch)
         epoch += 1
         for batch in sampler:
-            mine = torch.from_numpy(np.asarray(batch)[rank::variant.ranks])
+            mine = torch.from_numpy(np.asarray(batch)[rank::variant.ranks]).to(device)
             xb, yb = torch.index_select(x, 0, mine), torch.index_select(y, 0, mine)
             loss = torch.nn.functional.mse_loss(net(xb.sub_(model.x_mean).div_(model.x_std)),
                                                 model.normalize_y(yb))
@@ -108,9 +120,10 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
             step += 1
             if step <= warmup:
                 clock = StepClock()  # restarted: the steps before are the warm-up
-            clock.step_done(len(batch), torch.device("cpu"))
+            clock.step_done(len(batch), device)
             if step == steps + warmup:
                 break
+    clock.pause(device)  # on a GPU: the steps still queued behind Python
     if rank == 0:
         buckets = net._get_ddp_logging_data().get("rebuilt_bucket_sizes") \
             if variant.comm == "ddp" else None
@@ -136,7 +149,8 @@ def _flat_all_reduce(grads: List[torch.Tensor], ranks: int) -> None:
         grad.copy_(summed)
 
 
-def measure(variant: Variant, dataset: Path, batch_size: int, steps: int) -> dict:
+def measure(variant: Variant, dataset: Path, batch_size: int, steps: int,
+            device: str = "cpu") -> dict:
     """Samples/s of the whole world (rank 0's clock: DDP keeps the ranks in step), and
     DDP's bucket sizes in bytes after its rebuild."""
     import torch.multiprocessing as mp
@@ -147,18 +161,19 @@ def measure(variant: Variant, dataset: Path, batch_size: int, steps: int) -> dic
         out = str(Path(scratch) / "rank0.json")
         # spawn: each rank a fresh interpreter, as a launcher would start it.
         mp.start_processes(_rank, args=(variant, free_port(), str(dataset), batch_size, steps,
-                                        out), nprocs=variant.ranks, start_method="spawn")
+                                        out, device), nprocs=variant.ranks,
+                           start_method="spawn")
         return json.loads(Path(out).read_text())
 
 
 def run(dataset: Path, batch_size: int, steps: int, repeats: int, ranks: int,
-        echo=print) -> List[dict]:
-    chosen = variants(ranks)
+        echo=print, device: str = "cpu") -> List[dict]:
+    chosen = variants(ranks, device)
     seen: Dict[str, List[float]] = {v.name: [] for v in chosen}
     buckets: Dict[str, Optional[str]] = {}
     for repeat in range(repeats):  # interleaved: a drift in the load hits every line alike
         for variant in chosen:
-            measured = measure(variant, dataset, batch_size, steps)
+            measured = measure(variant, dataset, batch_size, steps, device)
             seen[variant.name].append(measured["samples_per_s"])
             buckets[variant.name] = measured["buckets"]
             echo(f"repeat {repeat + 1}/{repeats} {variant.name}: "
@@ -194,6 +209,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps per variant")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every rank on GPU 0, as simulated nodes sharing it")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     for flag, value, least in (("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
@@ -202,10 +219,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error(f"{flag} {value}: must be at least {least}")
     if args.batch_size % args.ranks:
         parser.error(f"--batch-size {args.batch_size}: must divide by --ranks {args.ranks}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     if not (args.dataset / "metadata.json").is_file():
         parser.error(f"--dataset {args.dataset}: not a prepared dataset (no metadata.json); "
                      "prepare one with `kosmoss data prepare`")
-    rows = run(args.dataset, args.batch_size, args.steps, args.repeats, args.ranks)
+    rows = run(args.dataset, args.batch_size, args.steps, args.repeats, args.ranks,
+               device=args.device)
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers import REPO
 from kosmoss.bench import ddp_anatomy
@@ -15,14 +16,18 @@ def _anatomy(*args):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
 @pytest.mark.slow
-def test_every_variant_runs_and_ddp_moves_the_whole_gradient(random_dataset, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, GPU])])
+def test_every_variant_runs_and_ddp_moves_the_whole_gradient(random_dataset, tmp_path, device):
     out = tmp_path / "rows.json"
     done = _anatomy("--dataset", random_dataset.path, "--batch-size", "64", "--steps", "3",
-                    "--repeats", "1", "--json", out)
+                    "--repeats", "1", "--device", device, "--json", out)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["variant"] for r in rows] == [v.name for v in ddp_anatomy.variants(2)]
+    assert [r["variant"] for r in rows] == [v.name for v in ddp_anatomy.variants(2, device)]
     assert all(r["samples_per_s"] > 0 for r in rows) and rows[0]["ratio_to_1_process"] == 1.0
     gradient_bytes = 4 * sum(p.numel() for p in _model(random_dataset).parameters())
     for row in rows:
@@ -43,7 +48,9 @@ def _model(dataset):
 def test_bad_input_is_one_line(tmp_path):
     for args, flag in ((("--dataset", tmp_path, "--ranks", "1"), "--ranks 1"),
                        (("--dataset", tmp_path), f"--dataset {tmp_path}"),
-                       (("--dataset", tmp_path, "--batch-size", "7"), "--batch-size 7")):
+                       (("--dataset", tmp_path, "--batch-size", "7"), "--batch-size 7"),
+                       *([] if torch.cuda.is_available() else
+                         [(("--dataset", tmp_path, "--device", "cuda"), "--device cuda")])):
         done = _anatomy(*args)
         assert done.returncode == 2 and flag in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1

@@ -55,7 +55,11 @@ def test_a_foreign_gpu_holder_is_listed_and_ended_only_when_named(kosmoss_home):
 
 
 @pytest.mark.slow
-def test_ghost_ranks_on_the_gpu_are_ended_and_their_memory_comes_back(kosmoss_home, tmp_path):
+def test_a_killed_launcher_takes_its_gpu_ranks_and_their_memory_along(kosmoss_home, tmp_path):
+    """kosmoss's own launches are orphan-proof on a GPU too (PR_SET_PDEATHSIG): SIGKILL of
+    the launcher ends both node processes, their CUDA contexts go back to the driver and
+    nothing is left for `kosmoss ghosts`. (A torchrun rank does outlive its agent: the
+    ghost step of scripts/gpu_check.sh lists and ends one.)"""
     prepare(RandomSource(1024, levels=5), kosmoss_home / "data" / "random5", shard_size=256)
     log, started = tmp_path / "log.txt", []
     try:
@@ -68,18 +72,17 @@ def test_ghost_ranks_on_the_gpu_are_ended_and_their_memory_comes_back(kosmoss_ho
                            "two node processes on the GPU", log)
         assert all(g.kind == "gpu-memory" and not g.killable for g in nodes)  # a live run
         pids = sorted(g.pid for g in nodes)
+        held = sum(g.gpu_memory_bytes for g in nodes)
         run_dir = next((kosmoss_home / "runs").iterdir())
         port = next(r["master_port"] for r in records.read_processes(run_dir) if r["master_port"])
+        before = _used()
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        listed = [g for g in ghosts.find_ghosts() if g.pid in pids]
-        assert {g.kind for g in listed} == {"launcher-gone"}
-        assert all(g.gpu_memory_bytes for g in listed)
-        before = _used()
-        report = ghosts.end_ghosts(listed, grace=2)
-        assert sorted(report.ended) == pids and report.gpu_memory_freed_bytes > 0
-        wait_until(lambda: _used() < before, 10, "the GPU memory to come back")
-        assert port_is_free(port)
+        wait_until(lambda: not any(alive(pid) for pid in pids), 10,
+                   "the node processes to end with their launcher", log)
+        assert not [g for g in ghosts.find_ghosts() if g.pid in pids]
+        wait_until(lambda: before - _used() >= held // 2, 10, "their GPU memory to come back")
+        wait_until(lambda: port_is_free(port), 10, "the rendezvous port to be free")
     finally:
         end_all(kosmoss_home, started)
 
