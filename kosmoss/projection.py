@@ -187,6 +187,13 @@ class Cluster:
     # A rank's compute with every rank computing ÷ with it alone (memory and caches they
     # share; kosmoss comm --compute-s measures it): scales all of the step but the fixed cost.
     contention: float = 1.0
+    # Ranks sharing one GPU, measured in the raw loop (kosmoss.bench.ddp_anatomy): a rank's
+    # step ÷ one process's step at the whole batch, in place of the batch and share scaling
+    # and the contention (time-slicing of the GPU is neither); and what the all-reduce adds
+    # to a training step ("+ one flat all-reduce" − "no communication": a host-staged gloo
+    # all-reduce of CUDA tensors waits for the GPU), the ranks' wait included. None: modelled.
+    measured_compute_ratio: Optional[float] = None
+    measured_exposed_s: Optional[float] = None
 
     @property
     def world(self) -> int:
@@ -232,13 +239,19 @@ def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_ba
     """Predicted step of each rank, samples/s of the world, efficiency, comm share."""
     batch = global_batch / cluster.world
     compute = profile.compute_s(batch, cluster.share)
-    if cluster.world > 1:
+    if cluster.world > 1 and cluster.measured_compute_ratio is not None:
+        whole = profile.compute_s(global_batch, profile.share)
+        compute = profile.fixed_s + (whole - profile.fixed_s) * cluster.measured_compute_ratio + \
+            cluster.ddp_s
+    elif cluster.world > 1:
         compute = profile.fixed_s + (compute - profile.fixed_s) * cluster.contention + \
             cluster.ddp_s
     backward = profile.backward_s(batch, cluster.share, shape.backward_share)
     comm, exposed = exposed_comm_s(shape, cluster, backward) if cluster.world > 1 else (0.0, 0.0)
     wait = straggler_s(profile, compute, cluster.world) if cluster.wait_s is None or \
         cluster.world < 2 else cluster.wait_s
+    if cluster.world > 1 and cluster.measured_exposed_s is not None:
+        exposed, wait = cluster.measured_exposed_s, 0.0  # the measured figure holds the wait
     step = compute + wait + exposed
     single = global_batch / profile.compute_s(global_batch, cluster.single_share)
     samples_per_s = global_batch / step
@@ -246,6 +259,8 @@ def predict(profile: StepProfile, shape: ModelShape, cluster: Cluster, global_ba
             "per_device_batch": batch, "compute_s": compute,
             "ddp_s": cluster.ddp_s if cluster.world > 1 else 0.0,
             "contention": cluster.contention if cluster.world > 1 else 1.0,
+            "measured_compute_ratio": cluster.measured_compute_ratio if cluster.world > 1
+            else None,
             "straggler_s": wait, "comm_s": comm,
             "exposed_comm_s": exposed, "step_s": step, "samples_per_s": samples_per_s,
             "speedup": samples_per_s / single,

@@ -234,3 +234,24 @@ def test_ddp_overhead_is_timed_on_a_group_of_its_own_and_leaves_none():
     cost = projection.ddp_overhead_s(16, threads=1, rounds=1, steps=3, hidden=(8,), n_x=32, n_y=4)
     assert isinstance(cost, float) and cost >= 0
     assert not dist.is_initialized() and torch.get_num_threads() == threads
+
+
+def test_ranks_sharing_a_gpu_use_the_measured_split_of_the_raw_loop():
+    """ddp_anatomy's lines replace the batch/share scaling, the contention and the alpha-beta
+    exposure: compute = fixed + (the 1-rank step - fixed) x ratio; + the measured all-reduce."""
+    profile = StepProfile(batch=16384, forward_backward_s=0.0030, optimizer_s=0.0004, share=1.0,
+                          device="cuda", source="test", fixed_s=0.0010, step_cv=0.2)
+    shape = ModelShape(gradient_bytes=2_000_000, buckets=((2_000_000, 1.0),), backward_share=0.5)
+    cluster = Cluster(per_node=1, nodes=2, intra=LINK, inter=SLOW, share=0.5, overlap=True,
+                      contention=1.5, wait_s=0.003, measured_compute_ratio=1.2,
+                      measured_exposed_s=0.0025)
+    row = projection.predict(profile, shape, cluster, global_batch=16384)
+    compute = 0.0010 + (0.0034 - 0.0010) * 1.2
+    assert row["compute_s"] == pytest.approx(compute)
+    assert row["exposed_comm_s"] == 0.0025 and row["straggler_s"] == 0.0  # the wait is in it
+    assert row["comm_s"] == pytest.approx(2 * 50e-6 + 2_000_000 / 0.25e9)  # alpha-beta, for show
+    assert row["step_s"] == pytest.approx(compute + 0.0025)
+    assert row["measured_compute_ratio"] == 1.2
+    alone = projection.predict(profile, shape, replace(cluster, per_node=1, nodes=1, share=1.0),
+                               global_batch=16384)
+    assert alone["compute_s"] == pytest.approx(0.0034)  # one rank: nothing shared

@@ -167,8 +167,8 @@ def measure(variant: Variant, dataset: Path, batch_size: int, steps: int,
 
 
 def run(dataset: Path, batch_size: int, steps: int, repeats: int, ranks: int,
-        echo=print, device: str = "cpu") -> List[dict]:
-    chosen = variants(ranks, device)
+        echo=print, device: str = "cpu", first: Optional[int] = None) -> List[dict]:
+    chosen = variants(ranks, device)[:first]
     seen: Dict[str, List[float]] = {v.name: [] for v in chosen}
     buckets: Dict[str, Optional[str]] = {}
     for repeat in range(repeats):  # interleaved: a drift in the load hits every line alike
@@ -209,12 +209,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps per variant")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--variants", type=int, default=None,
+                        help="the first N variants only (3: up to the flat all-reduce)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: every rank on GPU 0, as simulated nodes sharing it")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     for flag, value, least in (("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
-                               ("--repeats", args.repeats, 1), ("--ranks", args.ranks, 2)):
+                               ("--repeats", args.repeats, 1), ("--ranks", args.ranks, 2),
+                               ("--variants", args.variants or 1, 1)):
         if value < least:
             parser.error(f"{flag} {value}: must be at least {least}")
     if args.batch_size % args.ranks:
@@ -225,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--dataset {args.dataset}: not a prepared dataset (no metadata.json); "
                      "prepare one with `kosmoss data prepare`")
     rows = run(args.dataset, args.batch_size, args.steps, args.repeats, args.ranks,
-               device=args.device)
+               device=args.device, first=args.variants)
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -73,6 +73,7 @@ def command_line() -> str:
 COMM_SIZES = (256 * 1024, 1024**2, 4 * 1024**2, 8 * 1024**2)  # and the model's buckets
 COMM_REPEATS = 60  # single all-reduces after compute: their mean is what a step pays
 COMM_TIMEOUT_S = 300.0
+ANATOMY_STEPS = 300  # raw-loop steps per line of the shared-GPU split (a few ms each)
 PREDICTION_MODEL = (
     "kosmoss.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
     "step - the raw loop's, once a step, scaled by neither batch nor share) + the rest of "
@@ -87,7 +88,12 @@ PREDICTION_MODEL = (
     "gradients' size; + DDP's own cost a step on CPU besides the transfer (its hooks and "
     "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s); all "
     "but the fixed cost x the ranks' contention (that comm run's training steps side by "
-    "side / alone)")
+    "side / alone). Ranks sharing one GPU: all but the fixed cost x the raw loop's step on "
+    "the ranks ÷ on one process at the whole batch, and the all-reduce's cost in that loop "
+    "in place of the buckets' alpha-beta times and the wait (ddp_anatomy's first three lines: "
+    "a host-staged gloo all-reduce of CUDA tensors waits for the queued GPU work, which the "
+    "GPU's time-slicing between the ranks' contexts delays; measured 2.8 ms a step on an "
+    "H200 against 1.4 ms alone, docs/gpu.md)")
 
 
 class ThreadProbes:
@@ -192,13 +198,56 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
     compute_s = profile.compute_s(global_batch / ranks, rank_share)
     comm = _comm(setup, (ranks, nodes, device), shape, plan, out_dir, context, echo, compute_s)
     intra, inter = links_from_comm(comm, "kosmoss comm in the bench")
+    ratio, exposed = (shared_device_split(_anatomy(setup, ranks, plan, global_batch, out_dir,
+                                                   context, echo), global_batch)
+                      if gpu and shares_one_gpu(setup) else (None, None))
     cluster = Cluster(ranks // nodes, nodes, intra or inter, inter or intra, share=rank_share,
                       overlap=gpu, single_share=reference_share,
                       wait_s=gradient_wait_s(comm, shape.gradient_bytes),
                       ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape,
                                                       context),
-                      contention=side_by_side(comm, shape.gradient_bytes))
+                      contention=side_by_side(comm, shape.gradient_bytes),
+                      measured_compute_ratio=ratio, measured_exposed_s=exposed)
     return predict(profile, shape, cluster, global_batch)
+
+
+def shares_one_gpu(setup: Setup) -> bool:
+    """A multi-rank GPU row whose ranks all run on one GPU (--gpus 1: simulated nodes of one
+    GPU each, on this one machine)."""
+    entry = list(setup.entry)
+    return setup.device == "gpu" and "--gpus" in entry and entry[entry.index("--gpus") + 1] == "1"
+
+
+def shared_device_split(lines: List[dict], global_batch: int) -> Tuple[float, float]:
+    """(a rank's raw step ÷ one process's, the all-reduce's cost a step in seconds) from
+    ddp_anatomy's first three lines: 1 process; the ranks, no communication; + one flat
+    all-reduce (samples/s of the whole world at ``global_batch``)."""
+    single, apart, reduced = (global_batch / line["samples_per_s"] for line in lines[:3])
+    return apart / single, max(0.0, reduced - apart)
+
+
+def _anatomy(setup: Setup, ranks: int, plan: Plan, global_batch: int, out_dir: Path,
+             context: dict, echo: Callable[[str], None], device: str = "cuda") -> List[dict]:
+    """ddp_anatomy's first three lines for ``ranks`` sharing one ``device`` (once per rank
+    count and batch per bench)."""
+    key = f"{ranks} ranks, batch {global_batch}, {device}"
+    found = context.setdefault("anatomy", {})
+    if key in found:
+        return found[key]
+    slug = key.replace(", ", "-").replace(" ", "")
+    out, log = out_dir / "anatomy" / f"{slug}.json", out_dir / "logs" / f"anatomy-{slug}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "kosmoss.bench.ddp_anatomy", "--device", device, "--dataset",
+            str(plan.dataset), "--batch-size", str(global_batch), "--ranks", str(ranks),
+            "--steps", str(ANATOMY_STEPS), "--repeats", "1", "--variants", "3", "--json", str(out)]
+    echo(f"predict {setup.id}: ddp_anatomy --device {device} --ranks {ranks} --variants 3")
+    code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
+    if code != 0 or not out.is_file():
+        raise PredictionMissing(f"ddp_anatomy failed ({'timed out' if code is None else code}): "
+                                f"{last_line(log.read_text())} (log: {log})")
+    found[key] = json.loads(out.read_text())
+    return found[key]
 
 
 def _ddp_cost(batch: int, ranks: int, shape, context: dict) -> float:
@@ -299,6 +348,7 @@ def prediction_summary(context: dict) -> dict:
             "profiles": {key: asdict(p) for key, p in context["profiles"].items()},
             "thread_speedup": context.get("thread_speedup", {}),
             "ddp_overhead_s": context.get("ddp_overhead_s", {}),
+            "anatomy": context.get("anatomy", {}),
             "thread_speedup_probes": context.get("thread_speedup_probes", {})}
 
 

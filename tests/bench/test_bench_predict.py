@@ -176,3 +176,26 @@ def test_the_framework_cost_is_the_kosmoss_step_beyond_the_raw_loops():
     assert framework_step_s(kosmoss, raw) == pytest.approx(0.001)
     assert framework_step_s(kosmoss, {"status": "skipped"}) == 0.0
     assert framework_step_s(kosmoss, {**raw, "samples_per_s": 40_000.0}) == 0.0  # never < 0
+
+
+def test_the_shared_gpu_split_comes_from_the_anatomy_lines():
+    lines = [{"samples_per_s": 1000.0}, {"samples_per_s": 800.0}, {"samples_per_s": 400.0}]
+    ratio, exposed = runner.shared_device_split(lines, 16)
+    assert ratio == pytest.approx(1.25) and exposed == pytest.approx(16 / 400 - 16 / 800)
+    assert runner.shared_device_split(lines[:2] + [{"samples_per_s": 900.0}], 16)[1] == 0.0
+    assert runner.shares_one_gpu(BY_ID["nodes-gpu-2x1"])
+    assert not runner.shares_one_gpu(BY_ID["nodes-cpu-2x1"])
+
+
+@pytest.mark.slow
+def test_the_anatomy_lines_are_measured_once_per_bench(random_dataset, tmp_path):
+    """The same subprocess the bench runs for a shared-GPU row, here on CPU ranks."""
+    context, said = {}, []
+    args = (BY_ID["nodes-gpu-2x1"], 2, plan_for(random_dataset), 64, tmp_path, context,
+            said.append)
+    lines = runner._anatomy(*args, device="cpu")
+    assert [line["ranks"] for line in lines] == [1, 2, 2]
+    assert all(line["samples_per_s"] > 0 for line in lines)
+    assert runner._anatomy(*args, device="cpu") is lines and len(said) == 1
+    assert "anatomy" in runner.prediction_summary({"model": "", "comm": {}, "profiles": {},
+                                                   **context})
