@@ -36,8 +36,12 @@ from .errors import UsageError
 LESSON_GLOB = "[0-9][0-9]*_*.py"  # 01_..., and 03b_... for a lesson placed after lesson 3
 SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
 # Files the lessons point to, copied beside them (a pip install has no repository to look in).
+# What scripts/gpu_check.sh recorded on a GPU (docs/gpu/): a lesson's GPU-only cell shows
+# it where the learner has no GPU, with its date and device. Newest last.
+GPU_RECORDS = ("docs/gpu/2026-11-26-h200/results.json",
+               "docs/gpu/2026-11-26-h200-followup/results.json")
 COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
-              "scripts/install_horovod.sh")
+              "scripts/install_horovod.sh") + GPU_RECORDS
 QUICK_ENV = "KOSMOSS_LESSON_QUICK"
 NOTEBOOK_COLUMNS = 120  # what a JupyterLab output area shows without wrapping
 # Warnings a learner cannot act on; every other warning still shows, on one line.
@@ -94,6 +98,22 @@ def script(name: str) -> Path:
     if there is one, else the one that ships with kosmoss."""
     here = Path(name)
     return here.resolve() if here.is_file() else source_root() / name
+
+
+def recorded_gpu(key: str) -> Optional[dict]:
+    """The newest GPU record holding ``key`` (a results.json entry of scripts/gpu_check.sh:
+    ghost, anatomy, sweep, ...): ``{"figures": ..., "device": ..., "date": ...,
+    "command": ...}``; None if no record has it."""
+    import json
+
+    for name in reversed(GPU_RECORDS):
+        path = script(name)  # the learner's copy beside the lessons, else the shipped one
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        if record.get(key):
+            meta = record["meta"]
+            return {"figures": record[key], "device": meta["device"].split(": ", 1)[-1],
+                    "date": meta["started"], "command": meta["command"]}
+    return None
 
 
 def scratch_folder(prefix: str) -> Path:

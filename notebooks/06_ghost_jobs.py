@@ -17,7 +17,8 @@
 #
 # - what a *ghost* is: a process of a run that has no run left to serve, still holding
 #   memory, cores and the rendezvous port;
-# - how to make one on purpose (kill a launcher), and find it with `kosmoss ghosts`;
+# - why a launcher kosmoss starts leaves none, and how to make one on purpose (kill
+#   torchrun's agent), then find it with `kosmoss ghosts`;
 # - how to end it with `kosmoss ghosts --kill`, and see the port and the memory come back;
 # - the in-process case: a notebook kernel that keeps GPU memory, and
 #   `kosmoss.release_memory()`;
@@ -52,7 +53,7 @@ import psutil
 import kosmoss
 from kosmoss.ghosts import KOSMOSS_GHOSTS, find_ghosts, port_is_free
 from kosmoss.launch import free_port, port_holders
-from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
+from kosmoss.lessons import quiet_lightning, recorded_gpu, script, sh, scratch_folder
 
 quiet_lightning()
 
@@ -79,12 +80,16 @@ def tree_rss(pids):
     return total / 1e6
 
 # %% [markdown]
-# ## Make a ghost on purpose
+# ## A launcher kosmoss starts takes its ranks along
 #
 # We start a long two-node run, simulated on this machine (lesson 7): a parent process
 # starts one process per node, and node 0 listens on `MASTER_PORT`. We choose the port
 # ourselves so that we can watch it. Once training runs, we kill the **parent** with
 # `SIGKILL`, as the out-of-memory killer would: it gets no chance to end its nodes.
+# Every process kosmoss starts asks the kernel, before it runs any Python, to be sent
+# `SIGKILL` when its parent dies (`prctl(PR_SET_PDEATHSIG)`, `kosmoss.launch.die_with`;
+# Lightning's local ranks arm it themselves, `die_with_spawner`). The cell prints what
+# became of the nodes and of the port.
 
 # %%
 port = free_port()
@@ -100,33 +105,71 @@ while port_is_free(port):  # node 0 listens on the port once the process group i
         raise RuntimeError(f"the run did not start: {(scratch / 'run.log').read_text()[-3000:]}")
     time.sleep(0.5)
 nodes = [child.pid for child in psutil.Process(launcher.pid).children()]
-print(f"launcher pid {launcher.pid}, node processes {nodes}, MASTER_PORT {port} in use: "
-      f"{not port_is_free(port)}")
 holders = port_holders(port)
-print(f"MASTER_PORT {port} is held by pid(s) {holders}: node 0's rank 0, whose TCPStore "
-      "serves the rendezvous")
+print(f"launcher pid {launcher.pid}, node processes {nodes}; MASTER_PORT {port} is held by "
+      f"pid(s) {holders}: node 0's rank 0, whose TCPStore serves the rendezvous")
 assert set(holders) <= set(nodes) and holders, "the store lives in a node process"
-memory_before = psutil.virtual_memory().available
 launcher.kill()  # SIGKILL: the launcher cannot clean up
 launcher.wait()
-time.sleep(2)
-alive = [pid for pid in nodes if running(pid)]
-print(f"launcher killed; node processes still alive: {alive}, holding "
-      f"{tree_rss(alive):.0f} MB; port {port} still in use: {not port_is_free(port)}")
+deadline = time.monotonic() + 10
+while any(running(pid) for pid in nodes) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print(f"launcher killed; node processes still alive: {[p for p in nodes if running(p)]}; "
+      f"port {port} free: {port_is_free(port)}")
 
 # %% [markdown]
-# The nodes do not know their parent is gone: they keep training — for nobody, since
-# the parent that would have collected the results is dead — and they keep the port.
-#
 # Who holds `MASTER_PORT` is worth knowing exactly. It is not "the run": it is the
 # **TCPStore**, the small key-value server through which the ranks found each other,
-# and it lives in global rank 0's process (under torchrun, in node 0's agent). It keeps
-# the port for as long as that process lives — after the other ranks have finished, and
-# after rank 0 has stopped training, until it exits. So a rank that finished does not
+# and it lives in global rank 0's process (under torchrun, in the agent of node 0). It
+# keeps the port for as long as that process lives — after the other ranks have finished,
+# and after rank 0 has stopped training, until it exits. So a rank that finished does not
 # give the port back unless it was the one hosting the store, and checking "is any rank
 # of my run still alive" is not the same as "is the port free": ask who listens on it
 # (`kosmoss ghosts --port`, `kosmoss.launch.port_holders`).
 #
+# ## Make a ghost on purpose: torchrun
+#
+# Other launchers decide for themselves what outlives them. torchrun's agent starts each
+# worker in a session of its own and arms no parent-death signal
+# (`torch/distributed/elastic/multiprocessing/subprocess_handler`), so a worker whose
+# agent is killed goes on training — for nobody, since the agent that would have collected
+# its result is dead. We start one worker under torchrun, wait for its process record
+# (kosmoss writes one for every rank of a run, under the run's folder), and `SIGKILL` the
+# agent.
+
+# %%
+from kosmoss.paths import runs_root
+
+
+def recorded_pids():
+    """The pids of every rank kosmoss has a process record of (runs/*/processes/*-PID.json)."""
+    return {int(f.stem.rsplit("-", 1)[1]) for f in runs_root().glob("*/processes/*.json")}
+
+
+log = open(scratch / "torchrun.log", "w")
+agent = subprocess.Popen(
+    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+     str(script("trainup_gpu.py")), "--dataset", "tiny", "--batch-size", "64",
+     "--max-epochs", "100000", "--max-steps", "10000", "--no-progress"],
+    stdout=log, stderr=subprocess.STDOUT)
+deadline, workers = time.monotonic() + 240, []
+while not workers:
+    if agent.poll() is not None or time.monotonic() > deadline:
+        raise RuntimeError(f"torchrun did not start: {(scratch / 'torchrun.log').read_text()[-3000:]}")
+    time.sleep(0.5)
+    children = {c.pid for c in psutil.Process(agent.pid).children(recursive=True)}
+    workers = sorted(children & recorded_pids())
+time.sleep(3)  # a few steps: the worker is training, not starting
+memory_before = psutil.virtual_memory().available
+agent.kill()  # SIGKILL, as before
+agent.wait()
+time.sleep(2)
+alive = [pid for pid in workers if running(pid)]
+port = int(psutil.Process(alive[0]).environ()["MASTER_PORT"]) if alive else port
+print(f"torchrun's agent (pid {agent.pid}) killed; its workers still alive: {alive}, holding "
+      f"{tree_rss(alive):.0f} MB; their MASTER_PORT {port} free: {port_is_free(port)}")
+
+# %% [markdown]
 # ## Find it: `kosmoss ghosts`
 #
 # Without options, `kosmoss ghosts` is a dry run: it lists what is a ghost and why, and
@@ -147,7 +190,7 @@ for ghost in listed:
     print(f"pid {ghost['pid']}: run {ghost['run_id']}, kind {ghost['kind']}, "
           f"killable {ghost['killable']}\n    {ghost['reason']}")
 ghost_pids = sorted(g["pid"] for g in listed if g["kind"] in KOSMOSS_GHOSTS)
-print(f"\nthe ghosts are the node processes we left: {ghost_pids == sorted(alive)}")
+print(f"\nthe ghosts are the workers the agent left: {ghost_pids == sorted(alive)}")
 
 # %% [markdown]
 # ## End it: `kosmoss ghosts --kill`
@@ -162,7 +205,7 @@ print(f"\nthe ghosts are the node processes we left: {ghost_pids == sorted(alive
 sh([sys.executable, "-m", "kosmoss", "ghosts", "--kill", "--grace", "5"])
 time.sleep(1)
 memory_after = psutil.virtual_memory().available
-print(f"node processes alive: {[pid for pid in nodes if running(pid)]}")
+print(f"workers alive: {[pid for pid in workers if running(pid)]}")
 print(f"port {port} free again: {port_is_free(port)}")
 print(f"available memory: {memory_before / 1e6:,.0f} MB with the ghosts, "
       f"{memory_after / 1e6:,.0f} MB after (other programs move this number too)")
@@ -224,15 +267,35 @@ else:
 # %% [markdown]
 # ## With a GPU
 #
-# The same steps, and more to see: the ghost nodes would each hold GPU memory, listed by
-# `kosmoss ghosts` with the bytes; `--kill` reports the GPU memory freed; nvitop shows the
-# processes disappear; `release_memory()` hands back the cached gigabyte.
+# The same steps, and more to see: the ghost worker holds GPU memory (its CUDA context and
+# PyTorch's cache), listed by `kosmoss ghosts` with the bytes; `--kill` reports the GPU
+# memory freed; nvitop shows the process disappear; `release_memory()` hands back the
+# cached gigabyte. Without a GPU here, the cell below shows the same experiment as
+# kosmoss's GPU check recorded it on one (its device and date are printed).
+
+# %%
+record = None if gpus() else recorded_gpu("ghost")
+if record:
+    ghost = record["figures"]["listed"]
+    print(f"recorded on an {record['device']}, {record['date']}: torchrun's agent SIGKILLed; "
+          f"its worker (pid {ghost['pid']}) listed as {ghost['kind']}, holding "
+          f"{ghost['gpu_memory_bytes'] / 2**20:,.0f} MiB on GPU {ghost['gpus']}")
+    for cause in ghost["causes"]:
+        print(f"  - {cause}")
+    figures = record["figures"]
+    print(f"kosmoss ghosts --kill: {figures['kill_summary']}; GPU memory in use (nvitop): "
+          f"{figures['gpu_used_mib_before']:,.0f} MiB before, "
+          f"{figures['gpu_used_mib_after']:,.0f} MiB after")
+elif gpus():
+    print("a GPU is here: the cells above ran on it")
+
+# %% [markdown]
 #
 # ## Exercises
 #
-# 1. Make a ghost of a different kind: start `trainup_cpu.py --num-processes 2` (Lightning
-#    starts rank 1 from rank 0) and kill rank 0. What does `kosmoss ghosts` say, and what
-#    happens to rank 1 if you wait a while?
+# 1. Start `trainup_cpu.py --num-processes 2` (Lightning starts rank 1 from rank 0) and
+#    kill rank 0 with `SIGKILL`. What happens to rank 1, and what does `kosmoss ghosts`
+#    say? What would happen under torchrun with `--nproc_per_node 2`?
 # 2. Start a process that listens on a port (for example
 #    `python -m http.server 8765`) and run `kosmoss ghosts --port 8765` then
 #    `kosmoss ghosts --kill --port 8765`. Why is it not ended? How do you end it?
@@ -241,11 +304,11 @@ else:
 # <details><summary>Solution</summary>
 #
 # ```python
-# # 1. rank 1 is listed as launcher-gone (its launcher, rank 0, is dead). On CPU, gloo
-# #    sees the peer's socket close and rank 1 fails at its next collective; on GPUs NCCL
-# #    may instead wait for the process group's timeout (30 minutes by default under
-# #    Lightning), holding the GPU all that time. The TCPStore died with rank 0, so the
-# #    port is free even while rank 1 lives.
+# # 1. rank 1 ends at once: it armed PR_SET_PDEATHSIG against rank 0 when it started
+# #    (kosmoss.launch.die_with_spawner), so the kernel sends it SIGKILL; kosmoss ghosts
+# #    lists nothing. Under torchrun the agent is the parent of both workers and watches
+# #    them: when worker 0 fails it stops the others itself (and starts them again if
+# #    --max-restarts allows). Ghosts come when the agent itself dies, as above.
 # # 2. It is not a kosmoss process (no marks), so it is listed as a port holder and not
 # #    killable; name it: kosmoss ghosts --kill --port 8765 --pid <its pid>.
 # server = subprocess.Popen([sys.executable, "-m", "http.server", "8765"])

@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from kosmoss.lessons import on_ranks, quick, quiet_lightning, script, sh, scratch_folder
+from kosmoss.lessons import (on_ranks, quick, quiet_lightning, recorded_gpu, script, sh,
+                             scratch_folder)
 from kosmoss.model import mlp
 
 quiet_lightning()
@@ -395,8 +396,14 @@ assert shares == sorted(shares)  # the faster the device, the larger communicati
 # when every rank has a GPU, and `kosmoss project --device cuda` measures the step on the
 # GPU, so the question of the section above gets a GPU's answer instead of a core's. With
 # a single GPU, two ranks can only share it over gloo (NCCL refuses two ranks on one GPU,
-# lesson 5), and the all-reduce then goes through host memory. The cell runs on a GPU
-# machine; this course has no recorded GPU result of it yet.
+# lesson 5), and the all-reduce then goes through host memory: each rank copies its
+# gradients out of the GPU, once the GPU has finished the work queued before them. The cell
+# runs on a GPU machine; without one it shows what kosmoss's GPU check recorded on one
+# (its device and date are printed): the raw training loop on two ranks sharing one GPU,
+# first with nothing exchanged, then with one gloo all-reduce of the gradients after
+# backward, then with DDP — the gap between the second and third lines is what a
+# host-staged all-reduce costs a step there, against the `kosmoss comm` time it measures
+# alone.
 
 # %%
 gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA
@@ -409,6 +416,13 @@ if gpus >= 1:
         "--nodes", "1", "4"])
 else:
     print("no GPU here: the GPU measurements are skipped")
+    record = recorded_gpu("anatomy")
+    if record:
+        print(f"recorded on an {record['device']}, {record['date']} ({record['command']}):")
+        single = record["figures"][0]["samples_per_s"]
+        for line in record["figures"]:
+            print(f"  {line['variant']:<44} {line['samples_per_s'] / 1e6:5.2f} M samples/s "
+                  f"{line['samples_per_s'] / single:5.2f} x 1 process")
 
 # %% [markdown]
 # ## Exercises

@@ -108,7 +108,8 @@ def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
     assert "--no-index --no-deps" in plan and KOSMOSS_WHEEL in plan
     steps = [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
     assert steps == ["install", "env", "data", "pytest", "headline", "bf16", "ghost", "bench",
-                     "sweep"]
+                     "anatomy", "sweep"]
+    assert "kosmoss.bench.ddp_anatomy --device cuda" in plan
     assert not out.exists() and not (tmp_path / "scratch").exists()
     assert not list(tmp_path.glob("gpu_check_helper.*"))  # its temporary file is removed
 
@@ -118,6 +119,13 @@ def test_only_keeps_the_install_and_the_data_its_steps_need(tmp_path, wheels):
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert steps == ["install", "data", "ghost", "bench"]
+
+
+def test_tests_names_what_the_pytest_step_collects(tmp_path, wheels):
+    proc = gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--only", "pytest",
+                     "--tests", "tests/ghosts/test_gpu.py,tests/gpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "--continue-on-collection-errors tests/ghosts/test_gpu.py tests/gpu" in proc.stdout
 
 
 @pytest.mark.parametrize("which", ["carried", "kosmoss"])
@@ -160,6 +168,7 @@ def test_a_gpu_torch_cannot_use_is_one_line(tmp_path, wheels):
     (["--gpu-batch", "65536", "--columns", "65536"], ["--gpu-batch 65536", "--columns"]),
     (["--budget"], ["--budget needs a value"]),
     (["--fast"], ["unknown argument --fast"]),
+    (["--tests", "tests/nope.py"], ["--tests tests/nope.py", "not in the checkout"]),
 ])
 def test_bad_flags_are_one_line(tmp_path, args, words):
     one_line_error(gpu_check(tmp_path, "--dry-run", *args), *words)

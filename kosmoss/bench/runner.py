@@ -93,7 +93,7 @@ PREDICTION_MODEL = (
     "in place of the buckets' alpha-beta times and the wait (ddp_anatomy's first three lines: "
     "a host-staged gloo all-reduce of CUDA tensors waits for the queued GPU work, which the "
     "GPU's time-slicing between the ranks' contexts delays; measured 2.8 ms a step on an "
-    "H200 against 1.4 ms alone, docs/gpu.md)")
+    "H200 against 1.4 ms alone, docs/scaling.md)")
 
 
 class ThreadProbes:
