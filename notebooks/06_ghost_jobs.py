@@ -155,7 +155,8 @@ agent = subprocess.Popen(
 deadline, workers = time.monotonic() + 240, []
 while not workers:
     if agent.poll() is not None or time.monotonic() > deadline:
-        raise RuntimeError(f"torchrun did not start: {(scratch / 'torchrun.log').read_text()[-3000:]}")
+        tail = (scratch / "torchrun.log").read_text()[-3000:]
+        raise RuntimeError(f"torchrun did not start: {tail}")
     time.sleep(0.5)
     children = {c.pid for c in psutil.Process(agent.pid).children(recursive=True)}
     workers = sorted(children & recorded_pids())

@@ -217,7 +217,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     for flag, value, least in (("--batch-size", args.batch_size, 1), ("--steps", args.steps, 1),
                                ("--repeats", args.repeats, 1), ("--ranks", args.ranks, 2),
-                               ("--variants", args.variants or 1, 1)):
+                               ("--variants", 1 if args.variants is None else args.variants, 1)):
         if value < least:
             parser.error(f"{flag} {value}: must be at least {least}")
     if args.batch_size % args.ranks:

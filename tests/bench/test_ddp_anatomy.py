@@ -49,6 +49,7 @@ def test_bad_input_is_one_line(tmp_path):
     for args, flag in ((("--dataset", tmp_path, "--ranks", "1"), "--ranks 1"),
                        (("--dataset", tmp_path), f"--dataset {tmp_path}"),
                        (("--dataset", tmp_path, "--batch-size", "7"), "--batch-size 7"),
+                       (("--dataset", tmp_path, "--variants", "0"), "--variants 0"),
                        *([] if torch.cuda.is_available() else
                          [(("--dataset", tmp_path, "--device", "cuda"), "--device cuda")])):
         done = _anatomy(*args)
