@@ -45,6 +45,11 @@ def map_pages_now(array: np.memmap) -> None:
             pass
 
 
+# The share of a rank's GPU memory the data may take (auto): the rest is the model, its
+# gradients and Adam's moments, the batch's activations and PyTorch's cache.
+DEVICE_DATA_SHARE = 0.5
+
+
 def dataset_bytes(dataset: PreparedDataset) -> int:
     return 4 * dataset.n_samples * (dataset.n_x + dataset.n_y)  # float32 x and y
 
@@ -54,15 +59,22 @@ def fits_in_memory(nbytes: int, copies: int = 1) -> bool:
     return copies * nbytes < PREFAULT_RAM_SHARE * psutil.virtual_memory().available
 
 
-def chosen_mode(mode: str, dataset: PreparedDataset, copies: int = 1) -> str:
-    """``auto`` made concrete: one tensor in RAM (``controlled``) when each of ``copies``
-    processes on this host can hold one, else memory-mapped shards (``efficient``); any
-    other mode as asked. One tensor is gathered with one ``index_select`` each for x and y,
-    as the bench's raw loop does; from 8 mapped shards a batch of 256 takes sixteen, about
-    twice as long on 2 cores (issue 19)."""
+def chosen_mode(mode: str, dataset: PreparedDataset, copies: int = 1,
+                gpu_bytes: Optional[float] = None) -> str:
+    """``auto`` made concrete: on a GPU with ``gpu_bytes`` for this rank, the data on the GPU
+    (``device``) when it takes less than DEVICE_DATA_SHARE of them; else one tensor in RAM
+    (``controlled``) when each of ``copies`` processes on this host can hold one, else
+    memory-mapped shards (``efficient``); any other mode as asked. On an H200 the data on
+    the GPU trained 2.3-2.6 M samples/s where the host loader fed 0.37 M (batch 16,384,
+    docs/gpu/2026-11-26-h200.md): a batch gathered there never crosses PCIe. One tensor is
+    gathered with one ``index_select`` each for x and y, as the bench's raw loop does; from
+    8 mapped shards a batch of 256 takes sixteen, about twice as long on 2 cores (issue 19)."""
     if mode != "auto":
         return mode
-    return "controlled" if fits_in_memory(dataset_bytes(dataset), copies) else "efficient"
+    nbytes = dataset_bytes(dataset)
+    if gpu_bytes is not None and nbytes < DEVICE_DATA_SHARE * gpu_bytes:
+        return "device"
+    return "controlled" if fits_in_memory(nbytes, copies) else "efficient"
 
 
 class FlattenedDataset(Dataset):
@@ -70,7 +82,8 @@ class FlattenedDataset(Dataset):
     cache is shared by every rank); ``mode='controlled'`` copies them into one tensor in RAM;
     ``mode='device'`` copies them to ``device`` (a GPU: batches never cross PCIe; on CPU
     the same as controlled); ``mode='auto'`` is controlled when the copy fits in RAM, else
-    efficient (:func:`chosen_mode`; ``self.mode`` says which).
+    efficient (:func:`chosen_mode`; ``self.mode`` says which; a run's plan, which knows the
+    GPU it trains on, passes ``device`` when the data fits there).
 
     ``dataset[i]`` gives one sample; ``dataset[[i, j, ...]]`` gives a whole batch, which is
     how :class:`FlattenedDataModule` reads.

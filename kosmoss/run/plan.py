@@ -81,9 +81,10 @@ class RunPlan:
                  "controlled": "one tensor in RAM per process",
                  "device": "one tensor on the training device per process"}[self.data_mode]
         asked = self.config.mode
+        memory = "its GPU memory share" if self.data_mode == "device" else \
+            f"{self.topology.ranks_on_host} process(es) on this host"
         return f"--mode {asked}: {where}" if asked != "auto" else \
-            f"--mode auto: {where}, chosen for {self.topology.ranks_on_host} process(es) on " \
-            f"this host and {self.dataset.path.name}'s size"
+            f"--mode auto: {where}, chosen for {memory} and {self.dataset.path.name}'s size"
 
 
 def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -> RunPlan:
@@ -121,7 +122,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         resume_from=resume_from, resumed_from_step=step,
         num_workers=(config.num_workers if config.num_workers is not None
                      else default_num_workers(topology.ranks_on_host)),
-        data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host),
+        data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
+                              gpu_bytes=gpu_bytes_per_rank(policy, share)),
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=point.notes if point is not None else (),
@@ -138,6 +140,23 @@ def parameter_count(n_x: int, hidden: Tuple[int, ...], n_y: int) -> int:
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
+def gpu_bytes_per_rank(policy: DevicePolicy, share: Sharing) -> Optional[float]:
+    """The GPU memory each rank on this host may use (its share of the GPU's total: the same
+    figure on every rank, whatever the others hold yet); None on CPU."""
+    if not policy.gpu:
+        return None
+    return gpu_total_bytes(policy.index or 0) * share.memory_fraction
+
+
+def gpu_total_bytes(index: int) -> int:
+    """The GPU's memory, from its properties (cudaGetDeviceProperties): ``mem_get_info``
+    creates a CUDA context (pytorch/pytorch#103584), which a launcher that only starts the
+    ranks would then hold, a few hundred MiB of the GPU, for the whole run."""
+    import torch
+
+    return torch.cuda.get_device_properties(index).total_memory
+
+
 def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: DevicePolicy,
                   share: Sharing, ranks_on_host: int) -> None:
     """A model that cannot fit is a one-line error, not an allocation failure: weights,
@@ -145,9 +164,7 @@ def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: Dev
     params = parameter_count(dataset.n_x, hidden, dataset.n_y)
     need = params * BYTES_PER_PARAMETER
     if policy.gpu:
-        import torch
-
-        have = torch.cuda.mem_get_info(policy.index or 0)[1] * share.memory_fraction
+        have = gpu_total_bytes(policy.index or 0) * share.memory_fraction
         where = f"GPU {policy.index or 0} has {have / 2**30:,.1f} GiB for each rank"
     else:
         have = psutil.virtual_memory().available / ranks_on_host

@@ -47,6 +47,10 @@ def test_auto_holds_one_tensor_when_every_copy_fits_and_maps_otherwise(random_da
     assert [chosen_mode("auto", random_dataset, copies) for copies in (1, 4, 5, 8)] == \
         ["controlled", "controlled", "efficient", "efficient"]
     assert chosen_mode("efficient", random_dataset, copies=1) == "efficient"  # as asked
+    # Training on a GPU: the data goes there when it takes under half of a rank's share.
+    assert chosen_mode("auto", random_dataset, 8, gpu_bytes=2 * nbytes + 1) == "device"
+    assert chosen_mode("auto", random_dataset, 1, gpu_bytes=2 * nbytes) == "controlled"
+    assert chosen_mode("controlled", random_dataset, 1, gpu_bytes=100 * nbytes) == "controlled"
     assert FlattenedDataset(random_dataset).mode == "controlled"
     free = nbytes  # (read when called) one copy would take all of it
     data = FlattenedDataset(random_dataset, mode="auto")

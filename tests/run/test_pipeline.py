@@ -110,3 +110,29 @@ def test_model_checkpoint_picks_the_same_epoch_at_1_and_2_ranks(shared_home, tmp
     # The same training in exact arithmetic: after one epoch the losses agree to float
     # rounding (later, lr 0.02 amplifies that rounding: 0.5 % by epoch 4 here).
     assert best[2][1][0] == pytest.approx(best[1][1][0], rel=1e-3)
+
+
+def test_auto_puts_the_data_on_the_gpu_when_half_a_rank_share_holds_it(home, monkeypatch):
+    """A GPU run's plan, with the GPU faked: its memory read from the device's properties
+    (no CUDA context in a launcher), split by the ranks sharing it."""
+    import torch
+
+    from kosmoss.data.loading import dataset_bytes
+    from kosmoss.devices import DevicePolicy, Sharing
+    from kosmoss.run import plan as run_plan
+
+    gpu = DevicePolicy(gpu=True, index=0, visible=1)
+    half = Sharing(backend="gloo", memory_fraction=0.5, reason="test")
+    assert run_plan.gpu_bytes_per_rank(DevicePolicy(gpu=False), half) is None
+    total = 8 * 2**30
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("P", (), {"total_memory": total})())
+    assert run_plan.gpu_bytes_per_rank(gpu, half) == total / 2
+    monkeypatch.setattr(run_plan, "decide", lambda *args, **kwargs: gpu)
+    plan = run_plan.prepare(RunConfig(dataset="tiny", batch_size=128))
+    assert plan.policy.gpu and dataset_bytes(plan.dataset) < total / 2
+    assert (plan.config.mode, plan.data_mode) == ("auto", "device")
+    assert "data: --mode auto: one tensor on the training device per process, chosen for its " \
+        "GPU memory share and tiny's size" in "\n".join(plan.describe())
+    total = dataset_bytes(plan.dataset)  # half of it cannot hold the data: host RAM
+    assert run_plan.prepare(RunConfig(dataset="tiny", batch_size=128)).data_mode == "controlled"
