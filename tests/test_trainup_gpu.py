@@ -141,5 +141,6 @@ def test_bf16_mixed_runs_on_cpu_too(shared_home, tmp_path):
     result = json.loads(out.read_text())
     assert (result["precision"], result["accelerator"]) == ("bf16-mixed", "cpu")
     assert result["gpu_memory_fraction"] is None and result["test_loss"] is not None
+    assert result["data_mode"] == "controlled"  # --mode auto on CPU: one tensor in RAM
     # Autocast was really on: the first layer's output was bfloat16 (a forward hook saw it).
     assert result["activation_dtype"] == "bfloat16"

@@ -39,6 +39,7 @@ def test_two_simulated_nodes_share_one_gpu_over_gloo(shared_home, tmp_path):
                           "--num-nodes", "2")
     assert (result["world_size"], result["accelerator"], result["backend"]) == (2, "gpu", "gloo")
     assert result["gpu_memory_fraction"] == 0.5
+    assert result["data_mode"] == "device"  # --mode auto: the data fits half a rank's share
     assert "NCCL refuses duplicate GPUs" in proc.stdout
     assert result["replicas_identical"] and len(result["replica_checksums"]) == 2
 
