@@ -108,7 +108,7 @@ def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
     assert "--no-index --no-deps" in plan and KOSMOSS_WHEEL in plan
     steps = [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
     assert steps == ["install", "env", "data", "pytest", "headline", "bf16", "ghost", "bench",
-                     "anatomy", "sweep"]
+                     "sweep", "anatomy"]
     assert "kosmoss.bench.ddp_anatomy --device cuda" in plan
     assert not out.exists() and not (tmp_path / "scratch").exists()
     assert not list(tmp_path.glob("gpu_check_helper.*"))  # its temporary file is removed
