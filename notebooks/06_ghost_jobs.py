@@ -139,11 +139,12 @@ print(f"launcher killed; node processes still alive: {[p for p in nodes if runni
 
 # %%
 from kosmoss.paths import runs_root
+from kosmoss.records import read_processes
 
 
 def recorded_pids():
-    """The pids of every rank kosmoss has a process record of (runs/*/processes/*-PID.json)."""
-    return {int(f.stem.rsplit("-", 1)[1]) for f in runs_root().glob("*/processes/*.json")}
+    """The pids of every process kosmoss has a record of, in any run folder."""
+    return {record["pid"] for run in runs_root().glob("*") for record in read_processes(run)}
 
 
 log = open(scratch / "torchrun.log", "w")

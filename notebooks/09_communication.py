@@ -402,8 +402,7 @@ assert shares == sorted(shares)  # the faster the device, the larger communicati
 # (its device and date are printed): the raw training loop on two ranks sharing one GPU,
 # first with nothing exchanged, then with one gloo all-reduce of the gradients after
 # backward, then with DDP — the gap between the second and third lines is what a
-# host-staged all-reduce costs a step there, against the `kosmoss comm` time it measures
-# alone.
+# host-staged all-reduce costs a step there, waiting on the GPU included.
 
 # %%
 gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA

@@ -242,12 +242,18 @@ def _anatomy(setup: Setup, ranks: int, plan: Plan, global_batch: int, out_dir: P
             str(plan.dataset), "--batch-size", str(global_batch), "--ranks", str(ranks),
             "--steps", str(ANATOMY_STEPS), "--repeats", "1", "--variants", "3", "--json", str(out)]
     echo(f"predict {setup.id}: ddp_anatomy --device {device} --ranks {ranks} --variants 3")
-    code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
-    if code != 0 or not out.is_file():
-        raise PredictionMissing(f"ddp_anatomy failed ({'timed out' if code is None else code}): "
-                                f"{last_line(log.read_text())} (log: {log})")
-    found[key] = json.loads(out.read_text())
+    found[key] = _measured("ddp_anatomy", argv, setup, out_dir, log, out)
     return found[key]
+
+
+def _measured(name: str, argv: List[str], setup: Setup, out_dir: Path, log: Path,
+              result: Path) -> dict:
+    """The JSON a prediction's measuring subprocess wrote, or why there is none."""
+    code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
+    if code != 0 or not result.is_file():
+        raise PredictionMissing(f"{name} failed ({'timed out' if code is None else code}): "
+                                f"{last_line(log.read_text())} (log: {log})")
+    return json.loads(result.read_text())
 
 
 def _ddp_cost(batch: int, ranks: int, shape, context: dict) -> float:
@@ -326,11 +332,7 @@ def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_d
             "--compute-s", f"{compute_s:.6f}", "--out", str(folder), "--sizes", *map(str, sizes)]
     echo(f"predict {setup.id}: kosmoss comm --ranks {ranks} --nodes {nodes} --compute-s "
          f"{compute_s:.4f} ({device})")
-    code = run_logged(argv, row_environment(setup, out_dir), COMM_TIMEOUT_S, log)
-    if code != 0 or not (folder / "comm.json").is_file():
-        raise PredictionMissing(f"kosmoss comm failed ({'timed out' if code is None else code}): "
-                                f"{last_line(log.read_text())} (log: {log})")
-    result = json.loads((folder / "comm.json").read_text())
+    result = _measured("kosmoss comm", argv, setup, out_dir, log, folder / "comm.json")
     context["comm"][key] = {"comm_json": str(folder / "comm.json"), "result": result}
     return result
 

@@ -164,7 +164,7 @@ def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: Dev
     params = parameter_count(dataset.n_x, hidden, dataset.n_y)
     need = params * BYTES_PER_PARAMETER
     if policy.gpu:
-        have = gpu_total_bytes(policy.index or 0) * share.memory_fraction
+        have = gpu_bytes_per_rank(policy, share)
         where = f"GPU {policy.index or 0} has {have / 2**30:,.1f} GiB for each rank"
     else:
         have = psutil.virtual_memory().available / ranks_on_host
