@@ -9,6 +9,10 @@ and the bench need one number and the same rule on both sides, so it is kept her
 The clock also counts this process's minor page faults over the same timed steps: a step
 that hands its buffers back to the system and faults them in again costs as much as the
 arithmetic here (issue 19), and the count shows it where timings on a shared machine don't.
+It reads them where an interval of steps starts and where it pauses, never per step:
+``getrusage(RUSAGE_SELF)`` sums every thread's counters: after a 2-thread matmul on this
+2-core VM it took 4 µs (mean) with the other core idle, but a mean of 0.5 ms (up to 8 ms)
+with another process busy on it — as each rank of a 2-rank run is for the other.
 """
 from __future__ import annotations
 
@@ -30,27 +34,29 @@ class StepClock:
         self.squares = 0.0  # sum of the squared step times: their spread (step_cv)
         self.first_step_unix: Optional[float] = None
         self._last: Optional[float] = None
-        self._last_faults = 0
+        self._faults_at_start = 0  # where the running interval of timed steps began
 
     def step_done(self, samples: int, device: torch.device) -> bool:
         """Count a finished step; True for the first one (the warm-up)."""
-        now = synced_clock(device) if self._last is None else time.perf_counter()
-        faults = minor_faults()
-        first = self.first_step_unix is None
-        if first:
-            self.first_step_unix = time.time()
-        elif self._last is not None:
-            self.elapsed += now - self._last
-            self.squares += (now - self._last) ** 2
-            self.samples += samples
-            self.steps += 1
-            self.faults += faults - self._last_faults
-        self._last, self._last_faults = now, faults
-        return first
+        if self._last is None:  # an interval starts: its first step only sets the clock
+            self._last, self._faults_at_start = synced_clock(device), minor_faults()
+            first = self.first_step_unix is None
+            if first:
+                self.first_step_unix = time.time()
+            return first
+        now = time.perf_counter()
+        self.elapsed += now - self._last
+        self.squares += (now - self._last) ** 2
+        self.samples += samples
+        self.steps += 1
+        self._last = now
+        return False
 
     def pause(self, device: torch.device) -> None:
-        if self._last is not None and device.type == "cuda":
-            self.elapsed += synced_clock(device) - self._last  # the queued steps
+        if self._last is not None:
+            if device.type == "cuda":
+                self.elapsed += synced_clock(device) - self._last  # the queued steps
+            self.faults += minor_faults() - self._faults_at_start
         self._last = None
 
     @property
@@ -70,7 +76,8 @@ class StepClock:
     @property
     def faults_per_step(self) -> Optional[float]:
         """Minor page faults per timed step (the steps the samples/s counts)."""
-        return self.faults / self.steps if self.steps else None
+        running = minor_faults() - self._faults_at_start if self._last is not None else 0
+        return (self.faults + running) / self.steps if self.steps else None
 
 
 def synced_clock(device: torch.device) -> float:

@@ -80,6 +80,7 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
     from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
     from ..data.store import open_dataset
     from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
+    from ..launch import leave_rank, write_result
     from ..model import LitMLP
     from ..throughput import StepClock
 
@@ -124,11 +125,10 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
             if step == steps + warmup:
                 break
     clock.pause(device)  # on a GPU: the steps still queued behind Python
-    if rank == 0:
+    if rank == 0:  # rank 0's clock is the figure: whole once its last step is done
         buckets = net._get_ddp_logging_data().get("rebuilt_bucket_sizes") \
             if variant.comm == "ddp" else None
-        Path(out).write_text(json.dumps({"samples_per_s": clock.samples_per_s,
-                                         "buckets": buckets}))
+        write_result(out, {"samples_per_s": clock.samples_per_s, "buckets": buckets})
     if variant.ranks > 1:
         # DDP goes before its process group. torch's Reducer holds the group; as its last
         # owner it destroys the group holding the GIL while gloo's thread waits for the GIL
@@ -136,6 +136,7 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
         del net
         gc.collect()
         dist.destroy_process_group()
+    leave_rank()
 
 
 def _flat_all_reduce(grads: List[torch.Tensor], ranks: int) -> None:
@@ -153,17 +154,12 @@ def measure(variant: Variant, dataset: Path, batch_size: int, steps: int,
             device: str = "cpu") -> dict:
     """Samples/s of the whole world (rank 0's clock: DDP keeps the ranks in step), and
     DDP's bucket sizes in bytes after its rebuild."""
-    import torch.multiprocessing as mp
-
-    from ..launch import free_port
+    from ..launch import free_port, spawn_for_result
 
     with tempfile.TemporaryDirectory(prefix="kosmoss-anatomy-") as scratch:
         out = str(Path(scratch) / "rank0.json")
-        # spawn: each rank a fresh interpreter, as a launcher would start it.
-        mp.start_processes(_rank, args=(variant, free_port(), str(dataset), batch_size, steps,
-                                        out, device), nprocs=variant.ranks,
-                           start_method="spawn")
-        return json.loads(Path(out).read_text())
+        return spawn_for_result(_rank, (variant, free_port(), str(dataset), batch_size, steps,
+                                        out, device), variant.ranks, out)
 
 
 def run(dataset: Path, batch_size: int, steps: int, repeats: int, ranks: int,

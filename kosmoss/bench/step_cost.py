@@ -26,7 +26,10 @@ Variants, interleaved repeat by repeat:
 - ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
   optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
   put it in their own Trainers, where ``accumulate_grad_batches`` and gradient clipping
-  need it, and its warm-up schedule is stepped by Lightning).
+  need it, and its warm-up schedule is stepped by Lightning);
+- ``fabric``: the plain loop's step with the model and optimizer set up by Lightning
+  Fabric, its backward through ``fabric.backward`` (what a run path on Fabric, its own
+  loop under Lightning's strategies and precision, would pay: issue 19's lever left).
 """
 from __future__ import annotations
 
@@ -99,6 +102,22 @@ def plain(steps: int) -> float:
     return seconds_per_step(clock)
 
 
+def fabric(steps: int) -> float:
+    from lightning_fabric import Fabric
+
+    model, data, clock = tiny(), batches(steps), StepClock()
+    runner = Fabric(accelerator="cpu", devices=1)
+    net, optimizer = runner.setup(model.net, torch.optim.Adam(model.parameters(), lr=1e-3))
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(net(x.sub_(model.x_mean).div_(model.x_std)),
+                                            model.normalize_y(y))
+        optimizer.zero_grad(set_to_none=True)
+        runner.backward(loss)
+        optimizer.step()
+        clock.step_done(1, CPU)
+    return seconds_per_step(clock)
+
+
 class StepTimer(pl.Callback):
     """kosmoss's step clock (first step left out, as in every variant) inside the fit."""
 
@@ -144,6 +163,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
     "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
+    "fabric": fabric,
 }
 
 

@@ -24,7 +24,6 @@ sharing a host's memory and caches cost each other.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -64,18 +63,18 @@ class CommPlan:
 
 def run(plan: CommPlan, master_port: int) -> Dict[str, List[List[float]]]:
     """Start the ranks, wait for them; per group, per size, the repeats' times (seconds)."""
-    import torch.multiprocessing as mp
+    from ..launch import spawn_for_result
 
     with tempfile.TemporaryDirectory(prefix="kosmoss-comm-") as scratch:
-        result = Path(scratch) / "times.json"
-        mp.start_processes(_rank_main, args=(plan, master_port, str(result)), nprocs=plan.ranks,
-                           join=True, start_method="spawn")
-        return json.loads(result.read_text())
+        result = str(Path(scratch) / "times.json")
+        return spawn_for_result(_rank_main, (plan, master_port, result), plan.ranks, result)
 
 
 def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None:
     import torch
     import torch.distributed as dist
+
+    from ..launch import leave_rank, write_result
 
     local_rank, node_rank = rank % plan.ranks_per_node, rank // plan.ranks_per_node
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
@@ -93,11 +92,12 @@ def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None
                  for name in plan.groups} if plan.compute_s > 0 else {}
         times = {name: [_time_size(size, plan, device, groups[name], steps.get(name))
                         for size in plan.sizes] for name in plan.groups}
-        if rank == 0:
-            Path(result).write_text(json.dumps(times))
+        if rank == 0:  # every collective has completed: the figures are whole
+            write_result(result, times)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def _device(plan: CommPlan, rank: int):
