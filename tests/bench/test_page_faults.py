@@ -50,6 +50,25 @@ def test_the_clock_counts_the_pages_a_step_faults_in():
     assert reused < 0.05 * pages
 
 
+def test_the_faults_of_a_pause_are_not_a_steps():
+    """Validation (a pause) may fault in what it likes: the timed steps around it are
+    counted, from where each interval starts to where it pauses (once each, not per step)."""
+    pages, kept = 4096, np.zeros(4096 * PAGE, dtype=np.uint8)
+    clock = StepClock()
+    for interval in range(2):
+        for _ in range(4):
+            kept[::PAGE] = 1
+            clock.step_done(1, CPU)
+        clock.pause(CPU)
+        write_fresh_mapping(pages)  # the "validation"
+    assert clock.steps == 6  # 3 timed a interval: its first step only starts the clock
+    assert clock.faults_per_step < 0.05 * pages
+    clock.step_done(1, CPU)  # an interval runs: its faults so far count as well
+    clock.step_done(1, CPU)
+    write_fresh_mapping(pages)
+    assert clock.faults_per_step >= 0.95 * pages / 7
+
+
 def test_the_bench_check_fails_when_kosmoss_refaults_a_buffer_a_step():
     def rows(kosmoss_faults):
         return {"raw-cpu": {"status": "measured", "page_faults_per_step": 300.0},
