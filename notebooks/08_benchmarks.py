@@ -119,6 +119,10 @@ display(Image(filename=str(out / "bench.png")))
 #   read in place instead of through torch's DataLoader, callbacks whose unused per-batch
 #   hooks Lightning skips): with Lightning's, a fixed cost per step, which matters more
 #   when a step is short (small batch, fast device);
+# - **the raw loop on Lightning Fabric** (`fabric-cpu`) is the raw loop line for line with
+#   its model and optimizer set up by `Fabric` and its backward through `fabric.backward`:
+#   Lightning's precision and strategy machinery without the Trainer's loop, what a
+#   training loop of one's own would keep;
 # - **DDP** adds an all-reduce of every gradient per step, over gloo through the loopback
 #   here, and the two ranks share the machine's cores;
 # - **simulated nodes** are the same ranks started as separate node processes: the same
@@ -165,6 +169,11 @@ if raw and alone and single:
     same = "the same" if alone["val_loss"] == raw["val_loss"] else "a different"
     print(f"  lightning-cpu ended at {same} validation loss as the raw loop "
           f"({alone['val_loss']:.7f} and {raw['val_loss']:.7f}): the same work")
+fabric = measured.get("fabric-cpu")
+if raw and fabric:
+    print(f"the raw loop on Fabric: {step_ms(fabric) - step_ms(raw):+.2f} ms per step against "
+          f"the raw loop (fabric-cpu, ratio {fabric['ratio']:.2f})"
+          + (f", Lightning's Trainer loop {step_ms(alone) - step_ms(raw):+.2f} ms" if alone else ""))
 for key in ("ddp-cpu-2", "nodes-cpu-2x1", "horovod-cpu-2"):
     row = measured.get(key)
     if not row:

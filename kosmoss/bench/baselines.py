@@ -11,17 +11,23 @@
   checkpoint, no memory-mapped shards). Its ratio to ``raw`` is what a stock Lightning
   Trainer with automatic optimisation costs; ``kosmoss`` ÷ ``lightning`` is what kosmoss
   adds on top, less the per-hook Python its own Trainer leaves out;
+- ``fabric``: the raw loop itself with its model and Adam set up by Lightning Fabric
+  (``Fabric(devices=1)``, 32-true; bf16 stays the loop's own autocast) and its backward
+  through ``fabric.backward``: what a training loop of one's own on Fabric, Lightning's
+  strategies and precision under it, pays over the limit (issue 19's lever left);
 - ``loader-course``: the original course's loader, one memmap opened per sample;
 - ``loader-kosmoss``: :class:`FlattenedDataset`'s batched reads of the same batches.
 
     python -m kosmoss.bench.baselines raw --dataset DIR --batch-size 256 --steps 100 --out r.json
     python -m kosmoss.bench.baselines lightning --dataset DIR --batch-size 256 --steps 100 --out l.json
+    python -m kosmoss.bench.baselines fabric --dataset DIR --batch-size 256 --steps 100 --out f.json
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import List, NamedTuple, Optional
 
@@ -38,7 +44,7 @@ from ..memory import peak_host_rss_mib
 from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..model import LitMLP
 from ..throughput import StepClock
-WHAT = ("raw", "lightning", "loader-course", "loader-kosmoss")
+WHAT = ("raw", "lightning", "fabric", "loader-course", "loader-kosmoss")
 LOADER_MIN_S = 1.0
 
 
@@ -88,10 +94,14 @@ def limit_setup(prepared: PreparedDataset, batch_size: int, device: torch.device
 
 
 def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: torch.device,
-             bf16: bool, seed: int) -> dict:
-    """``steps`` timed steps after one warm-up step; returns the figures."""
+             bf16: bool, seed: int, fabric: bool = False) -> dict:
+    """``steps`` timed steps after one warm-up step; returns the figures. ``fabric``: the
+    model and optimizer set up by Lightning Fabric, backward through it."""
     x, y, val_x, val_y, model, sampler = limit_setup(prepared, batch_size, device, seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR)
+    net, backward = model.net, torch.Tensor.backward
+    if fabric:
+        net, optimizer, backward = _on_fabric(model.net, optimizer, device)
     clock, curve, step = StepClock(), [], 0
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
     for epoch in range(steps + 1):
@@ -104,10 +114,10 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
             idx = order[lo:hi]
             xb, yb = torch.index_select(x, 0, idx), torch.index_select(y, 0, idx)
             with torch.autocast(**autocast):  # the same in-place normalisation as LitMLP's step
-                loss = torch.nn.functional.mse_loss(model.net(xb.sub_(model.x_mean).div_(model.x_std)),
+                loss = torch.nn.functional.mse_loss(net(xb.sub_(model.x_mean).div_(model.x_std)),
                                                     model.normalize_y(yb))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            backward(loss)
             optimizer.step()
             step += 1
             clock.step_done(int(hi - lo), device)
@@ -118,6 +128,20 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
         if step == steps + 1:
             break
     return _loop_figures(clock, curve, step)
+
+
+def _on_fabric(net: torch.nn.Module, optimizer, device: torch.device):
+    """The module and optimizer as Fabric wraps them, and Fabric's backward."""
+    import warnings
+
+    from lightning_fabric import Fabric
+
+    # This row runs on this host by design, inside an allocation or not.
+    warnings.filterwarnings("ignore", "The `srun` command is available")
+    runner = Fabric(accelerator="cuda" if device.type == "cuda" else "cpu", devices=1,
+                    precision="32-true")
+    wrapped, optimizer = runner.setup(net, optimizer)
+    return wrapped, optimizer, runner.backward
 
 
 def _loop_figures(clock: StepClock, curve: List[dict], step: int) -> dict:
@@ -213,7 +237,7 @@ def loader_rate(prepared: PreparedDataset, which: str, batch_size: int, batches:
     return {"samples_per_s": rate, "first_step_unix": first_batch_unix, "batches": done}
 
 
-LOOPS = {"raw": raw_loop, "lightning": lightning_loop}
+LOOPS = {"raw": raw_loop, "lightning": lightning_loop, "fabric": partial(raw_loop, fabric=True)}
 
 
 def measure(what: str, dataset: Path, batch_size: int, steps: int, device: str, bf16: bool,

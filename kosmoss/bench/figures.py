@@ -154,15 +154,18 @@ def _ddp_loss_ratio(rows: Dict[str, dict]) -> Optional[float]:
 def lightning_share(rows: Dict[str, dict], device: str = "cpu") -> Optional[str]:
     """Where the 1-process kosmoss row's gap to the limit goes, from this run's Lightning
     row: how much of the limit Lightning's own loop keeps, and kosmoss ÷ that loop (both
-    paired repeat by repeat)."""
+    paired repeat by repeat); with the Fabric row, how much a loop of one's own keeps."""
     kosmoss, alone = rows.get(f"kosmoss-{device}", {}), rows.get(f"lightning-{device}", {})
     if alone.get("status") != "measured" or kosmoss.get("status") != "measured":
         return None
     over, _ = median_and_spread(paired_ratios(kosmoss, alone))
     if alone.get("ratio") is None or over is None:
         return None
+    fabric = rows.get(f"fabric-{device}", {})
+    own_loop = (f"; the raw loop on Fabric, fabric-{device}: {fabric['ratio']:.2f}"
+                if fabric.get("status") == "measured" and fabric.get("ratio") is not None else "")
     return (f"Lightning's loop alone, lightning-{device}: {alone['ratio']:.2f} of the limit; "
-            f"kosmoss ÷ it: {over:.2f}")
+            f"kosmoss ÷ it: {over:.2f}{own_loop}")
 
 
 class Check(NamedTuple):

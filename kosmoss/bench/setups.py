@@ -29,7 +29,7 @@ class Setup:
 
     id: str
     label: str
-    kind: str  # raw | lightning | kosmoss | loader
+    kind: str  # raw | lightning | fabric | kosmoss | loader
     device: str = "cpu"  # cpu | gpu
     ranks: int = 1
     bf16: bool = False
@@ -40,7 +40,7 @@ class Setup:
 
     @property
     def trains(self) -> bool:
-        return self.kind in ("raw", "lightning", "kosmoss")
+        return self.kind in ("raw", "lightning", "fabric", "kosmoss")
 
 
 # A GPU row must not fall back to CPU unnoticed, and keeps its data on the GPU (the raw
@@ -53,6 +53,8 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("raw-cpu", "raw PyTorch loop, tensors in RAM (the limit)", "raw"),
     Setup("lightning-cpu", "the raw loop's step in Trainer(barebones=True): Lightning alone",
           "lightning", versus="raw-cpu"),
+    Setup("fabric-cpu", "the raw loop on Lightning Fabric: a loop of one's own", "fabric",
+          versus="raw-cpu"),
     Setup("kosmoss-cpu", "kosmoss, 1 CPU process", "kosmoss", versus="raw-cpu",
           entry=("trainup_cpu.py",)),
     Setup("ddp-cpu-2", "kosmoss, CPU DDP, 2 processes", "kosmoss", ranks=2, versus="raw-cpu",
@@ -67,6 +69,8 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("raw-gpu", "raw PyTorch loop, tensors on the GPU (the limit)", "raw", device="gpu"),
     Setup("lightning-gpu", "the raw GPU loop's step in Trainer(barebones=True)", "lightning",
           device="gpu", versus="raw-gpu"),
+    Setup("fabric-gpu", "the raw GPU loop on Lightning Fabric", "fabric", device="gpu",
+          versus="raw-gpu"),
     Setup("kosmoss-gpu", "kosmoss, 1 GPU", "kosmoss", device="gpu", versus="raw-gpu",
           entry=("trainup_gpu.py", "--gpus", "1") + GPU_FLAGS),
     Setup("nodes-gpu-2x1", "kosmoss, 2 simulated nodes sharing 1 GPU (gloo)", "kosmoss",
@@ -187,7 +191,7 @@ def skip_reason(setup: Setup, machine: Machine, plan: Optional[Plan]) -> Optiona
         return machine.horovod_missing
     if setup.kind == "kosmoss" and machine.scripts_missing:
         return machine.scripts_missing
-    if setup.kind in ("raw", "lightning") and plan is not None:
+    if setup.kind in ("raw", "lightning", "fabric") and plan is not None:
         return _memory_shortfall(setup, machine, plan)
     return None
 

@@ -33,7 +33,7 @@ def test_no_gpu_skips_exactly_the_gpu_rows():
     reasons = {s.id: skip_reason(s, machine(cuda=False, bf16=False, free_gpu_bytes=0), plan())
                for s in MATRIX}
     gpu_rows = {s.id for s in MATRIX if s.device == "gpu"}
-    assert gpu_rows == {"raw-gpu", "lightning-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
+    assert gpu_rows == {"raw-gpu", "lightning-gpu", "fabric-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
                         "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"}
     assert {i for i, r in reasons.items() if r} == gpu_rows
     assert {reasons[i] for i in gpu_rows} == {"no CUDA GPU"}

@@ -1,9 +1,10 @@
-"""The bench's Lightning row: the raw loop's step inside Trainer(barebones=True), so that
-a run shows how much of the limit Lightning's own loop keeps and what kosmoss adds."""
+"""The bench's Lightning rows: the raw loop's step inside Trainer(barebones=True), and the
+raw loop on Lightning Fabric, so that a run shows how much of the limit Lightning's own
+loop keeps, what kosmoss adds, and what a loop of one's own on Fabric would keep."""
 import pytest
 import torch
 
-from kosmoss.bench.baselines import lightning_loop, raw_loop
+from kosmoss.bench.baselines import LOOPS, lightning_loop, raw_loop
 from kosmoss.bench.figures import checks, complete
 from kosmoss.bench.setups import BY_ID
 from kosmoss.data.store import open_dataset
@@ -24,7 +25,25 @@ def test_lightnings_loop_does_the_raw_loops_work_bit_for_bit(shared_home):
     assert alone["samples_per_s"] > 0 and alone["page_faults_per_step"] is not None
 
 
-def rows(with_lightning: bool) -> dict:
+def test_the_fabric_row_is_the_raw_loop_bit_for_bit_through_fabric(shared_home):
+    from lightning_fabric.wrappers import _FabricOptimizer
+
+    tiny = open_dataset(shared_home / "data" / "tiny", verify=False)
+    raw = raw_loop(tiny, 256, 9, CPU, bf16=False, seed=42)
+    seen = []
+    original = _FabricOptimizer.step
+    _FabricOptimizer.step = lambda self, *a, **k: seen.append(self) or original(self, *a, **k)
+    try:
+        fabric = LOOPS["fabric"](tiny, 256, 9, CPU, bf16=False, seed=42)
+    finally:
+        _FabricOptimizer.step = original
+    assert len(seen) == 10  # every step went through Fabric's optimizer wrapper
+    assert [(p["step"], p["val_loss"]) for p in fabric["val_curve"]] == \
+        [(p["step"], p["val_loss"]) for p in raw["val_curve"]]
+    assert fabric["samples_per_s"] > 0 and fabric["global_step"] == 10
+
+
+def rows(with_lightning: bool, with_fabric: bool = False) -> dict:
     def row(setup_id, *speeds):
         return {"id": setup_id, "status": "measured", "batch_size": 256, "samples_per_s": speeds[0],
                 "repeats": [{"samples_per_s": s} for s in speeds]}
@@ -32,6 +51,8 @@ def rows(with_lightning: bool) -> dict:
              "kosmoss-cpu": row("kosmoss-cpu", 81.0, 89.1)}
     if with_lightning:
         found["lightning-cpu"] = row("lightning-cpu", 90.0, 99.0)
+    if with_fabric:
+        found["fabric-cpu"] = row("fabric-cpu", 97.0, 106.7)
     complete([BY_ID[i] for i in found], found)
     return found
 
@@ -47,3 +68,5 @@ def test_the_ratio_check_says_how_much_is_lightnings_and_how_much_kosmoss():
     assert check["context"] == ("Lightning's loop alone, lightning-cpu: 0.90 of the limit; "
                                 "kosmoss ÷ it: 0.90")
     assert verdict(rows(with_lightning=False))["context"] is None
+    assert verdict(rows(with_lightning=True, with_fabric=True))["context"].endswith(
+        "kosmoss ÷ it: 0.90; the raw loop on Fabric, fabric-cpu: 0.97")
