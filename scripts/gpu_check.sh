@@ -18,9 +18,9 @@
 #   bf16      trainup_gpu.py --gpus 1 --precision bf16-mixed --mode device
 #   ghost     a torchrun rank outlives its agent's SIGKILL holding a CUDA context; kosmoss
 #             ghosts --kill ends it; GPU memory read through nvitop before and after
-#   bench     kosmoss bench, its GPU rows, the raw loops they are divided by and the raw
+#   bench     kosmoss bench, its GPU rows, the raw loops they are divided by, the raw
 #             loop inside Lightning (lightning-gpu: Lightning's fixed cost against a GPU
-#             step), 300 steps a row; one repeat instead of two when less than 440 s of
+#             step) and on Fabric (fabric-gpu: a loop of one's own), 300 steps a row; one repeat instead of two when less than 440 s of
 #             the budget is left (its shared-GPU prediction runs ddp_anatomy: ~45 s)
 #   sweep     the raw bf16 loop at three batch sizes: is --gpu-batch large enough?
 #   anatomy   the shared-GPU row's step split in parts: 1 process; 2 ranks on the one GPU,
@@ -51,7 +51,7 @@ NEEDS_DATA=(headline bf16 sweep bench anatomy)
 # What kosmoss and its GPU tests import that the GPU machine's image already holds.
 REQUIRED_THERE=(torch pytorch-lightning torchmetrics numpy psutil rich tensorboard matplotlib
                 pytest pytest-timeout)
-BENCH_ROWS=(raw-gpu lightning-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss-gpu-bf16)
+BENCH_ROWS=(raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss-gpu-bf16)
 SWEEP_BATCHES=4096,16384,32768
 SHARD_SIZE=16384
 declare -A LIMIT_S=([install]=120 [env]=60 [data]=300 [pytest]=300 [headline]=150 [bf16]=120

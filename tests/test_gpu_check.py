@@ -102,8 +102,8 @@ def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
     assert HEADLINE in plan and "--batch-size 16384" in plan
     assert "-m pytest -m gpu" in plan
     assert "--precision bf16-mixed --mode device" in plan
-    assert "kosmoss bench --only raw-gpu lightning-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 " \
-           "kosmoss-gpu-bf16" in plan
+    assert "kosmoss bench --only raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 " \
+           "raw-gpu-bf16 kosmoss-gpu-bf16" in plan
     assert "torch.distributed.run" in plan and "kosmoss ghosts --kill" in plan
     assert "--no-index --no-deps" in plan and KOSMOSS_WHEEL in plan
     steps = [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
