@@ -101,7 +101,7 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
     optimizer = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR)
     net, backward = model.net, torch.Tensor.backward
     if fabric:
-        net, optimizer, backward = _on_fabric(model.net, optimizer, device)
+        net, optimizer, backward = on_fabric(model.net, optimizer, device)
     clock, curve, step = StepClock(), [], 0
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
     for epoch in range(steps + 1):
@@ -130,7 +130,7 @@ def raw_loop(prepared: PreparedDataset, batch_size: int, steps: int, device: tor
     return _loop_figures(clock, curve, step)
 
 
-def _on_fabric(net: torch.nn.Module, optimizer, device: torch.device):
+def on_fabric(net: torch.nn.Module, optimizer, device: torch.device):
     """The module and optimizer as Fabric wraps them, and Fabric's backward."""
     import warnings
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import statistics
 import sys
 import warnings
+from functools import partial
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -50,7 +51,7 @@ from ..lessons import quiet_lightning
 from ..model import LitMLP
 from ..run.profiler import NoProfiler
 from ..throughput import StepClock
-from .baselines import RowsInMemory
+from .baselines import RowsInMemory, on_fabric
 
 
 class StockSetattr(LitMLP):
@@ -89,30 +90,17 @@ def seconds_per_step(clock: StepClock) -> float:
     return 1.0 / clock.samples_per_s  # one sample a step
 
 
-def plain(steps: int) -> float:
+def plain(steps: int, fabric: bool = False) -> float:
     model, data, clock = tiny(), batches(steps), StepClock()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for x, y in data:
-        loss = torch.nn.functional.mse_loss(model.net(x.sub_(model.x_mean).div_(model.x_std)),
-                                            model.normalize_y(y))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        clock.step_done(1, CPU)
-    return seconds_per_step(clock)
-
-
-def fabric(steps: int) -> float:
-    from lightning_fabric import Fabric
-
-    model, data, clock = tiny(), batches(steps), StepClock()
-    runner = Fabric(accelerator="cpu", devices=1)
-    net, optimizer = runner.setup(model.net, torch.optim.Adam(model.parameters(), lr=1e-3))
+    net, backward = model.net, torch.Tensor.backward
+    if fabric:  # the bench's fabric row's set-up, on this loop
+        net, optimizer, backward = on_fabric(model.net, optimizer, CPU)
     for x, y in data:
         loss = torch.nn.functional.mse_loss(net(x.sub_(model.x_mean).div_(model.x_std)),
                                             model.normalize_y(y))
         optimizer.zero_grad(set_to_none=True)
-        runner.backward(loss)
+        backward(loss)
         optimizer.step()
         clock.step_done(1, CPU)
     return seconds_per_step(clock)
@@ -163,7 +151,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
     "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
-    "fabric": fabric,
+    "fabric": partial(plain, fabric=True),
 }
 
 

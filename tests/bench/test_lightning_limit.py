@@ -25,18 +25,15 @@ def test_lightnings_loop_does_the_raw_loops_work_bit_for_bit(shared_home):
     assert alone["samples_per_s"] > 0 and alone["page_faults_per_step"] is not None
 
 
-def test_the_fabric_row_is_the_raw_loop_bit_for_bit_through_fabric(shared_home):
+def test_the_fabric_row_is_the_raw_loop_bit_for_bit_through_fabric(shared_home, monkeypatch):
     from lightning_fabric.wrappers import _FabricOptimizer
 
     tiny = open_dataset(shared_home / "data" / "tiny", verify=False)
     raw = raw_loop(tiny, 256, 9, CPU, bf16=False, seed=42)
-    seen = []
-    original = _FabricOptimizer.step
-    _FabricOptimizer.step = lambda self, *a, **k: seen.append(self) or original(self, *a, **k)
-    try:
-        fabric = LOOPS["fabric"](tiny, 256, 9, CPU, bf16=False, seed=42)
-    finally:
-        _FabricOptimizer.step = original
+    seen, original = [], _FabricOptimizer.step
+    monkeypatch.setattr(_FabricOptimizer, "step",
+                        lambda self, *a, **k: seen.append(self) or original(self, *a, **k))
+    fabric = LOOPS["fabric"](tiny, 256, 9, CPU, bf16=False, seed=42)
     assert len(seen) == 10  # every step went through Fabric's optimizer wrapper
     assert [(p["step"], p["val_loss"]) for p in fabric["val_curve"]] == \
         [(p["step"], p["val_loss"]) for p in raw["val_curve"]]
