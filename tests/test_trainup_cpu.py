@@ -65,7 +65,11 @@ def test_module_cli_trains_too(shared_home, tmp_path):
     proc = run_script(["-m", "kosmoss", "train", "--dataset", "tiny", "--max-steps", "2",
                        "--no-progress", "--result-json", str(out)], shared_home)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["global_step"] == 2
+    result = json.loads(out.read_text())
+    assert result["global_step"] == 2
+    # Stopped before the first validation: last.ckpt, and no warning about a missing val_loss.
+    assert (Path(result["run_dir"]) / "checkpoints" / "last.ckpt").is_file()
+    assert "could not find the monitored key" not in proc.stderr
 
 
 def _corrupted_copy(shared_home, tmp_path):

@@ -29,15 +29,26 @@ Variants, interleaved repeat by repeat:
   need it, and its warm-up schedule is stepped by Lightning);
 - ``fabric``: the plain loop's step with the model and optimizer set up by Lightning
   Fabric, its backward through ``fabric.backward`` (what a run path on Fabric, its own
-  loop under Lightning's strategies and precision, would pay: issue 19's lever left).
+  loop under Lightning's strategies and precision, would pay: issue 19's lever left);
+- ``kosmoss, as trainup runs it``: kosmoss's own run path, ``prepare`` then ``train`` as
+  ``trainup_cpu.py`` calls them (its Trainer, callbacks, loggers, data module and loader),
+  on a two-level synthetic dataset in a temporary ``KOSMOSS_HOME``, one hidden unit, batch
+  1, timed by the run's own ThroughputMeter: what kosmoss adds above ``lightning``;
+- ``kosmoss, without ...``: the same run with one part patched out (the logging of
+  ``train_loss``, the loggers): what that part costs a step.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import sys
+import tempfile
 import warnings
 from functools import partial
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
+from unittest import mock
 
 import numpy as np
 import pytorch_lightning as pl
@@ -142,6 +153,36 @@ def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True, torch_loader:
     return run
 
 
+KOSMOSS_COLUMNS = 200  # two levels: 160 training batches of 1 an epoch, 20 to validate
+
+# What a kosmoss variant leaves out, each a patch scoped to that variant's run.
+LEFT_OUT = {
+    "train_loss logging": lambda: mock.patch.object(LitMLP, "_logs_this_step", lambda self: False),
+    "loggers": lambda: mock.patch("kosmoss.run.train.run_loggers", lambda plan: False),
+}
+
+
+def in_kosmoss(*left_out: str) -> Callable[[int], float]:
+    def run(steps: int) -> float:
+        from ..data.sources import SyntheticSource
+        from ..data.store import prepare as prepare_dataset
+        from ..run.config import RunConfig
+        from ..run.plan import prepare
+        from ..run.train import train
+
+        with tempfile.TemporaryDirectory(prefix="kosmoss-step-cost-") as home, \
+                mock.patch.dict(os.environ, {"KOSMOSS_HOME": home}), contextlib.ExitStack() as parts:
+            for part in left_out:
+                parts.enter_context(LEFT_OUT[part]())
+            data = prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2),
+                                   Path(home) / "data" / "two-levels", shard_size=KOSMOSS_COLUMNS)
+            plan = prepare(RunConfig(dataset=str(data.path), batch_size=1, hidden=(1,),
+                                     max_steps=steps + 1, max_epochs=1_000_000, progress=False))
+            outcome = train(plan)
+        return 1.0 / outcome.meter.samples_per_s  # one sample a step
+    return run
+
+
 VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
     "lightning": in_lightning(LitMLP),
@@ -152,6 +193,9 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
     "fabric": partial(plain, fabric=True),
+    "kosmoss, as trainup runs it": in_kosmoss(),
+    "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),
+    "kosmoss, without loggers": in_kosmoss("loggers"),
 }
 
 

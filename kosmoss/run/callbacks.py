@@ -36,6 +36,14 @@ class CheckpointToTheEnd(LeanCallback, pl.callbacks.ModelCheckpoint):
         # set in __init__, so the first answer stays right.
         return super().state_key
 
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # --max-steps can end the first epoch before any validation: no val_loss yet to rank
+        # a checkpoint by, and ModelCheckpoint would warn that it is missing (it saves none
+        # either way). on_train_end below still saves last.ckpt.
+        if self.monitor is not None and self.monitor not in trainer.callback_metrics:
+            return
+        super().on_train_epoch_end(trainer, pl_module)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

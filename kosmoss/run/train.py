@@ -131,8 +131,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
         precision=config.precision,
-        logger=[TensorBoardLogger(plan.run_dir, name="tensorboard", version=""),
-                ContinuedCSVLogger(plan.run_dir, name="csv", version="")],
+        logger=run_loggers(plan),
         callbacks=callbacks,
         # FlattenedDataModule already gives each rank its share of every batch.
         use_distributed_sampler=False,
@@ -143,6 +142,12 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         profiler=NoProfiler(),
         default_root_dir=plan.run_dir,
     )
+
+
+def run_loggers(plan: RunPlan) -> list:
+    """Where a run's metrics go: TensorBoard, and a CSV that a resumed run continues."""
+    return [TensorBoardLogger(plan.run_dir, name="tensorboard", version=""),
+            ContinuedCSVLogger(plan.run_dir, name="csv", version="")]
 
 
 def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule, meter: ThroughputMeter) -> dict:

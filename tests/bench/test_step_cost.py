@@ -39,3 +39,26 @@ def test_bad_counts_are_one_line(capsys, argv, flag):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert flag in err and len(err.splitlines()) == 1
+
+
+def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monkeypatch):
+    import kosmoss.run.train as run_train
+
+    seen = []
+    real_train, original = run_train.train, LitMLP._logs_this_step
+
+    def spy(plan):
+        from kosmoss.run.train import run_loggers
+
+        seen.append((plan.scaling.global_batch_size, plan.config.hidden,
+                     run_loggers(plan), LitMLP._logs_this_step is original))
+        return real_train(plan)
+
+    monkeypatch.setattr(run_train, "train", spy)
+    for left_out in ((), ("train_loss logging",), ("loggers",)):
+        assert step_cost.in_kosmoss(*left_out)(5) > 0
+    assert LitMLP._logs_this_step is original  # each patch ends with its variant
+    (batch, hidden, loggers, logs), no_logging, no_loggers = seen
+    assert (batch, hidden) == (1, (1,)) and len(loggers) == 2 and logs is True
+    assert no_logging[3] is False and len(no_logging[2]) == 2
+    assert no_loggers[2] is False and no_loggers[3] is True
