@@ -35,7 +35,8 @@ Variants, interleaved repeat by repeat:
   on a two-level synthetic dataset in a temporary ``KOSMOSS_HOME``, one hidden unit, batch
   1, timed by the run's own ThroughputMeter: what kosmoss adds above ``lightning``;
 - ``kosmoss, without ...``: the same run with one part patched out (the logging of
-  ``train_loss``, the loggers): what that part costs a step.
+  ``train_loss``, the loggers, the per-batch hooks of Heartbeat and StopOnSignal): what
+  that part costs a step.
 """
 from __future__ import annotations
 
@@ -57,9 +58,11 @@ from torch.utils.data import DataLoader
 
 from ..cli_support import OneLineParser
 from ..data.datamodule import BatchLoader
-from ..hooks import LeanCallback
+from ..diagnose.heartbeat import Heartbeat
+from ..hooks import LeanCallback, used_hooks
 from ..lessons import quiet_lightning
 from ..model import LitMLP
+from ..run.preemption import StopOnSignal
 from ..run.profiler import NoProfiler
 from ..throughput import StepClock
 from .baselines import RowsInMemory, on_fabric
@@ -159,7 +162,18 @@ KOSMOSS_COLUMNS = 200  # two levels: 160 training batches of 1 an epoch, 20 to v
 LEFT_OUT = {
     "train_loss logging": lambda: mock.patch.object(LitMLP, "_logs_this_step", lambda self: False),
     "loggers": lambda: mock.patch("kosmoss.run.train.run_loggers", lambda plan: False),
+    # A per-batch hook set to None is one Lightning skips (kosmoss.hooks): the callbacks stay,
+    # their per-step work goes. The meter's hook stays: it is the clock.
+    "heartbeat and stop-signal hooks": lambda: _per_batch_hooks_off(Heartbeat, StopOnSignal),
 }
+
+
+def _per_batch_hooks_off(*callbacks: type) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for callback in callbacks:
+        for hook in used_hooks(callback):
+            stack.enter_context(mock.patch.object(callback, hook, None))
+    return stack
 
 
 def in_kosmoss(*left_out: str) -> Callable[[int], float]:
@@ -196,6 +210,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "kosmoss, as trainup runs it": in_kosmoss(),
     "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),
     "kosmoss, without loggers": in_kosmoss("loggers"),
+    "kosmoss, without heartbeat/stop hooks": in_kosmoss("heartbeat and stop-signal hooks"),
 }
 
 
@@ -210,10 +225,11 @@ def measure(steps: int, repeats: int) -> Dict[str, List[float]]:
 
 def report(found: Dict[str, List[float]]) -> str:
     plain_s = statistics.median(found["plain"])
-    lines = [f"{'variant':36s} {'µs/step':>8s} {'over plain':>10s}  (median; range)"]
+    width = max(map(len, found))
+    lines = [f"{'variant':{width}s} {'µs/step':>8s} {'over plain':>10s}  (median; range)"]
     for name, times in found.items():
         median = statistics.median(times)
-        lines.append(f"{name:36s} {median * 1e6:8.0f} {(median - plain_s) * 1e6:+10.0f}  "
+        lines.append(f"{name:{width}s} {median * 1e6:8.0f} {(median - plain_s) * 1e6:+10.0f}  "
                      f"({min(times) * 1e6:.0f}-{max(times) * 1e6:.0f})")
     return "\n".join(lines)
 

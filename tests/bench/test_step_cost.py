@@ -5,6 +5,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from kosmoss.bench import step_cost
+from kosmoss.diagnose.heartbeat import Heartbeat
+from kosmoss.hooks import used_hooks
+from kosmoss.run.preemption import StopOnSignal
 from kosmoss.bench.baselines import RowsInMemory
 from kosmoss.model import LitMLP
 
@@ -51,14 +54,21 @@ def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monke
         from kosmoss.run.train import run_loggers
 
         seen.append((plan.scaling.global_batch_size, plan.config.hidden,
-                     run_loggers(plan), LitMLP._logs_this_step is original))
+                     run_loggers(plan), LitMLP._logs_this_step is original,
+                     used_hooks(Heartbeat) + used_hooks(StopOnSignal)))
         return real_train(plan)
 
     monkeypatch.setattr(run_train, "train", spy)
-    for left_out in ((), ("train_loss logging",), ("loggers",)):
-        assert step_cost.in_kosmoss(*left_out)(5) > 0
-    assert LitMLP._logs_this_step is original  # each patch ends with its variant
-    (batch, hidden, loggers, logs), no_logging, no_loggers = seen
-    assert (batch, hidden) == (1, (1,)) and len(loggers) == 2 and logs is True
-    assert no_logging[3] is False and len(no_logging[2]) == 2
-    assert no_loggers[2] is False and no_loggers[3] is True
+    hooks = used_hooks(Heartbeat) + used_hooks(StopOnSignal)
+    for left_out in step_cost.LEFT_OUT:
+        assert step_cost.in_kosmoss(left_out)(5) > 0
+    assert step_cost.in_kosmoss()(5) > 0
+    # Each patch ends with its variant.
+    assert LitMLP._logs_this_step is original
+    assert used_hooks(Heartbeat) + used_hooks(StopOnSignal) == hooks and len(hooks) == 5
+    no_logging, no_loggers, no_hooks, whole = seen
+    batch, hidden, loggers, logs, per_batch = whole
+    assert (batch, hidden) == (1, (1,)) and len(loggers) == 2 and logs and per_batch == hooks
+    assert no_logging[2:] == (no_logging[2], False, hooks) and len(no_logging[2]) == 2
+    assert no_loggers[2] is False and no_loggers[3:] == (True, hooks)
+    assert no_hooks[3:] == (True, ()) and len(no_hooks[2]) == 2
