@@ -69,6 +69,6 @@ def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monke
     no_logging, no_loggers, no_hooks, whole = seen
     batch, hidden, loggers, logs, per_batch = whole
     assert (batch, hidden) == (1, (1,)) and len(loggers) == 2 and logs and per_batch == hooks
-    assert no_logging[2:] == (no_logging[2], False, hooks) and len(no_logging[2]) == 2
+    assert no_logging[3:] == (False, hooks) and len(no_logging[2]) == 2
     assert no_loggers[2] is False and no_loggers[3:] == (True, hooks)
     assert no_hooks[3:] == (True, ()) and len(no_hooks[2]) == 2
