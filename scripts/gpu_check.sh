@@ -20,8 +20,9 @@
 #             ghosts --kill ends it; GPU memory read through nvitop before and after
 #   bench     kosmoss bench, its GPU rows, the raw loops they are divided by, the raw
 #             loop inside Lightning (lightning-gpu: Lightning's fixed cost against a GPU
-#             step) and on Fabric (fabric-gpu: a loop of one's own), 300 steps a row; one repeat instead of two when less than 440 s of
-#             the budget is left (its shared-GPU prediction runs ddp_anatomy: ~45 s)
+#             step) and on Fabric (fabric-gpu: a loop of one's own), 300 steps a row; one
+#             repeat instead of two when less than 440 s of the budget is left (its
+#             shared-GPU prediction runs ddp_anatomy: ~45 s)
 #   sweep     the raw bf16 loop at three batch sizes: is --gpu-batch large enough?
 #   anatomy   the shared-GPU row's step split in parts: 1 process; 2 ranks on the one GPU,
 #             nothing exchanged; + one flat all-reduce; + DDP (kosmoss.bench.ddp_anatomy)

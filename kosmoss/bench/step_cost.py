@@ -58,12 +58,17 @@ from torch.utils.data import DataLoader
 
 from ..cli_support import OneLineParser
 from ..data.datamodule import BatchLoader
+from ..data.sources import SyntheticSource
+from ..data.store import prepare as prepare_dataset
 from ..diagnose.heartbeat import Heartbeat
 from ..hooks import LeanCallback, used_hooks
 from ..lessons import quiet_lightning
 from ..model import LitMLP
+from ..run.config import RunConfig
+from ..run.plan import prepare
 from ..run.preemption import StopOnSignal
 from ..run.profiler import NoProfiler
+from ..run.train import train
 from ..throughput import StepClock
 from .baselines import RowsInMemory, on_fabric
 
@@ -178,12 +183,6 @@ def _per_batch_hooks_off(*callbacks: type) -> contextlib.ExitStack:
 
 def in_kosmoss(*left_out: str) -> Callable[[int], float]:
     def run(steps: int) -> float:
-        from ..data.sources import SyntheticSource
-        from ..data.store import prepare as prepare_dataset
-        from ..run.config import RunConfig
-        from ..run.plan import prepare
-        from ..run.train import train
-
         with tempfile.TemporaryDirectory(prefix="kosmoss-step-cost-") as home, \
                 mock.patch.dict(os.environ, {"KOSMOSS_HOME": home}), contextlib.ExitStack() as parts:
             for part in left_out:

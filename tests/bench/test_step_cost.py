@@ -45,10 +45,8 @@ def test_bad_counts_are_one_line(capsys, argv, flag):
 
 
 def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monkeypatch):
-    import kosmoss.run.train as run_train
-
     seen = []
-    real_train, original = run_train.train, LitMLP._logs_this_step
+    real_train, original = step_cost.train, LitMLP._logs_this_step
 
     def spy(plan):
         from kosmoss.run.train import run_loggers
@@ -58,7 +56,7 @@ def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monke
                      used_hooks(Heartbeat) + used_hooks(StopOnSignal)))
         return real_train(plan)
 
-    monkeypatch.setattr(run_train, "train", spy)
+    monkeypatch.setattr(step_cost, "train", spy)
     hooks = used_hooks(Heartbeat) + used_hooks(StopOnSignal)
     for left_out in step_cost.LEFT_OUT:
         assert step_cost.in_kosmoss(left_out)(5) > 0
