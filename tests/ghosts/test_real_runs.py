@@ -85,7 +85,10 @@ def _start_nobody(home, run_id, sim, started, log):
     started.append(start(["runuser", "-u", "nobody", "--", "env", f"KOSMOSS_HOME={home}",
                           f"{records.RUN_ID_ENV}={run_id}", f"{records.LAUNCHER_ENV}={mark}",
                           "sleep", "3600"], home, log))
-    found = wait_until(lambda: [p for p in processes_of(home) if p.username() == "nobody"],
+    # The sleep itself: runuser's own processes carry the same command line (and home) on
+    # their way to it, and one was once picked and found to be root's (CI, 2026-11-26).
+    found = wait_until(lambda: [p for p in processes_of(home)
+                                if p.username() == "nobody" and p.name() == "sleep"],
                        10, "nobody's sleep")
     return found[0].pid
 
