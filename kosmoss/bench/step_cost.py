@@ -27,6 +27,9 @@ Variants, interleaved repeat by repeat:
   optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
   put it in their own Trainers, where ``accumulate_grad_batches`` and gradient clipping
   need it, and its warm-up schedule is stepped by Lightning);
+- ``lightning, Trainer not barebones``: the same in a Trainer built as usual with its
+  logger, checkpointing, progress bar, summary and sanity check off (what the full loop
+  costs before anything is logged or saved: kosmoss runs this loop);
 - ``fabric``: the plain loop's step with the model and optimizer set up by Lightning
   Fabric, its backward through ``fabric.backward`` (what a run path on Fabric, its own
   loop under Lightning's strategies and precision, would pay: issue 19's lever left);
@@ -143,17 +146,23 @@ class LeanNoHooks(LeanCallback):
     """The same as a LeanCallback: Lightning skips its per-batch hooks."""
 
 
+# A Trainer that is not barebones, with everything it would add switched off: its loop alone.
+FULL_TRAINER = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, num_sanity_val_steps=0)
+
+
 def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True, torch_loader: bool = False,
-                 extra=NoHooks) -> Callable[[int], float]:
+                 extra=NoHooks, barebones: bool = True) -> Callable[[int], float]:
     def run(steps: int) -> float:
         x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
         rows, batches = RowsInMemory(x, x.clone()), [np.array([i]) for i in range(steps)]
         loader = (DataLoader(rows, batch_size=None, sampler=batches) if torch_loader
                   else BatchLoader(rows, batches))
         timer = StepTimer()
-        trainer = pl.Trainer(barebones=True, accelerator="cpu", devices=1, max_epochs=1,
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1,
                              callbacks=[timer] + [extra() for _ in range(extra_callbacks)],
-                             use_distributed_sampler=False)
+                             use_distributed_sampler=False,
+                             **(dict(barebones=True) if barebones else FULL_TRAINER))
         if lean:  # barebones refuses any profiler argument, so it is swapped in afterwards
             trainer.profiler = NoProfiler()
         trainer.fit(tiny(cls), train_dataloaders=loader)
@@ -205,6 +214,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
     "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
+    "lightning, Trainer not barebones": in_lightning(LitMLP, barebones=False),
     "fabric": partial(plain, fabric=True),
     "kosmoss, as trainup runs it": in_kosmoss(),
     "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),

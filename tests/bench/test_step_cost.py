@@ -34,6 +34,19 @@ def test_the_variants_differ_in_what_they_say():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_the_full_trainer_variant_runs_lightnings_whole_loop_and_writes_nothing(tmp_path,
+                                                                              monkeypatch):
+    built, trainer_class = [], pl.Trainer
+    monkeypatch.setattr(step_cost.pl, "Trainer",
+                        lambda **kw: built.append(trainer_class(**kw)) or built[-1])
+    monkeypatch.chdir(tmp_path)  # where a default logger or checkpoint would land
+    assert step_cost.VARIANTS["lightning, Trainer not barebones"](6) > 0
+    trainer, = built
+    assert not trainer.barebones and trainer.global_step == 6
+    assert trainer.logger is None and trainer.checkpoint_callback is None
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("argv, flag", [(["--steps", "2"], "--steps 2"),
                                         (["--repeats", "0"], "--repeats 0")])
 def test_bad_counts_are_one_line(capsys, argv, flag):
