@@ -1,6 +1,7 @@
 """Lightning's fixed cost per training step, alone: LitMLP with next to no arithmetic (one
-input, one hidden unit, one output, batch 1), its steps run by a plain loop and by
-``Trainer(barebones=True)`` in a few ways, each timed over the same number of steps.
+input, one hidden unit, one output, batch 1), its steps run by a plain loop, by
+``Trainer(barebones=True)`` in a few ways and by kosmoss's own run path, each timed over
+the same number of steps.
 What is left above the plain loop is the framework's per-step Python: its loop, hook
 dispatch, optimizer closure, DataLoader and fetcher (docs/benchmarks.md, issue 19).
 
