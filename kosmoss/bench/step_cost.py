@@ -34,6 +34,10 @@ Variants, interleaved repeat by repeat:
 - ``fabric``: the plain loop's step with the model and optimizer set up by Lightning
   Fabric, its backward through ``fabric.backward`` (what a run path on Fabric, its own
   loop under Lightning's strategies and precision, would pay: issue 19's lever left);
+- ``fabric, with kosmoss's loader, step and loggers``: kosmoss's pieces that need no
+  Trainer on a Fabric loop (the data module's loader on the dataset below, LitMLP's
+  training step, its logging through Fabric's TensorBoard and CSV loggers every 50 steps):
+  the fixed cost a run path on Fabric would start from, before its callbacks;
 - ``kosmoss, as trainup runs it``: kosmoss's own run path, ``prepare`` then ``train`` as
   ``trainup_cpu.py`` calls them (its Trainer, callbacks, loggers, data module and loader),
   on a two-level synthetic dataset in a temporary ``KOSMOSS_HOME``, one hidden unit, batch
@@ -61,7 +65,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..cli_support import OneLineParser
-from ..data.datamodule import BatchLoader
+from ..data.datamodule import BatchLoader, FlattenedDataModule
 from ..data.sources import SyntheticSource
 from ..data.store import prepare as prepare_dataset
 from ..diagnose.heartbeat import Heartbeat
@@ -206,6 +210,52 @@ def in_kosmoss(*left_out: str) -> Callable[[int], float]:
     return run
 
 
+LOG_EVERY = 50  # kosmoss's log_every_n_steps once an epoch has 50 batches (run.train)
+
+
+def kosmoss_on_fabric(steps: int, home: Path) -> float:
+    """kosmoss's pieces that need no Trainer, on a loop of Fabric's: the data module's
+    loader, LitMLP's training step with its ``self.log`` (Fabric hands it to its TensorBoard
+    and CSV loggers) on kosmoss's log steps. Seconds per step; the logs stay in ``home``."""
+    from lightning_fabric import Fabric
+    from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
+
+    data = prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2), home / "two-levels",
+                           shard_size=KOSMOSS_COLUMNS)
+    module = FlattenedDataModule(data, batch_size=1, mode="controlled")
+    module.setup("fit")
+    fabric = Fabric(accelerator="cpu", devices=1,
+                    loggers=[TensorBoardLogger(home, name="tensorboard", version=""),
+                             CSVLogger(home, name="csv", version="")])
+    torch.manual_seed(0)
+    model = LitMLP(data.n_x, (1,), data.n_y, stats=data.statistics())
+    model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    clock, done = StepClock(), [0]
+    # LitMLP asks the Trainer which steps log; under Fabric it has none (it would log every
+    # step), so the variant applies kosmoss's rule itself: the first step and every 50th.
+    logs = lambda self: done[0] == 0 or (done[0] + 1) % LOG_EVERY == 0  # noqa: E731
+    with mock.patch.object(LitMLP, "_logs_this_step", logs):
+        while done[0] <= steps:
+            for batch_idx, batch in enumerate(module.train_dataloader()):
+                loss = model.training_step(batch, batch_idx)
+                optimizer.zero_grad(set_to_none=True)
+                fabric.backward(loss)
+                optimizer.step()
+                done[0] += 1
+                clock.step_done(1, CPU)
+                if done[0] > steps:
+                    break
+            clock.pause(CPU)  # an epoch's end: untimed, as in the Trainer's runs
+    for logger in fabric.loggers:
+        logger.finalize("success")
+    return seconds_per_step(clock)
+
+
+def on_fabric_in_a_temporary_home(steps: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="kosmoss-step-cost-") as home:
+        return kosmoss_on_fabric(steps, Path(home))
+
+
 VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
     "lightning": in_lightning(LitMLP),
@@ -217,6 +267,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "lightning, manual optimisation": in_lightning(ManualStep),
     "lightning, Trainer not barebones": in_lightning(LitMLP, barebones=False),
     "fabric": partial(plain, fabric=True),
+    "fabric, with kosmoss's loader, step and loggers": on_fabric_in_a_temporary_home,
     "kosmoss, as trainup runs it": in_kosmoss(),
     "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),
     "kosmoss, without loggers": in_kosmoss("loggers"),

@@ -47,6 +47,19 @@ def test_the_full_trainer_variant_runs_lightnings_whole_loop_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_kosmoss_on_fabric_trains_and_logs_on_kosmoss_log_steps(tmp_path, monkeypatch):
+    steps = []
+    step = LitMLP.training_step
+    monkeypatch.setattr(LitMLP, "training_step",
+                        lambda self, batch, i: steps.append(i) or step(self, batch, i))
+    assert step_cost.kosmoss_on_fabric(120, tmp_path) > 0
+    assert steps == list(range(121))  # the untimed first step, then 120, in one 160-batch epoch
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    assert rows[0].split(",") == ["step", "train_loss"]
+    assert len(rows) - 1 == 3  # steps 1, 50 and 100 log (done 0, 49, 99)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
 @pytest.mark.parametrize("argv, flag", [(["--steps", "2"], "--steps 2"),
                                         (["--repeats", "0"], "--repeats 0")])
 def test_bad_counts_are_one_line(capsys, argv, flag):
