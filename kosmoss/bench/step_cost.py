@@ -62,6 +62,8 @@ from unittest import mock
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_fabric import Fabric
+from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from ..cli_support import OneLineParser
@@ -217,9 +219,6 @@ def kosmoss_on_fabric(steps: int, home: Path) -> float:
     """kosmoss's pieces that need no Trainer, on a loop of Fabric's: the data module's
     loader, LitMLP's training step with its ``self.log`` (Fabric hands it to its TensorBoard
     and CSV loggers) on kosmoss's log steps. Seconds per step; the logs stay in ``home``."""
-    from lightning_fabric import Fabric
-    from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
-
     data = prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2), home / "two-levels",
                            shard_size=KOSMOSS_COLUMNS)
     module = FlattenedDataModule(data, batch_size=1, mode="controlled")
@@ -231,10 +230,13 @@ def kosmoss_on_fabric(steps: int, home: Path) -> float:
     model = LitMLP(data.n_x, (1,), data.n_y, stats=data.statistics())
     model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
     clock, done = StepClock(), [0]
-    # LitMLP asks the Trainer which steps log; under Fabric it has none (it would log every
-    # step), so the variant applies kosmoss's rule itself: the first step and every 50th.
-    logs = lambda self: done[0] == 0 or (done[0] + 1) % LOG_EVERY == 0  # noqa: E731
-    with mock.patch.object(LitMLP, "_logs_this_step", logs):
+
+    def logs_this_step(self) -> bool:
+        # LitMLP asks the Trainer which steps log; under Fabric there is none (it would log
+        # every step), so the variant applies kosmoss's rule itself: the first and every 50th.
+        return done[0] == 0 or (done[0] + 1) % LOG_EVERY == 0
+
+    with mock.patch.object(LitMLP, "_logs_this_step", logs_this_step):
         while done[0] <= steps:
             for batch_idx, batch in enumerate(module.train_dataloader()):
                 loss = model.training_step(batch, batch_idx)
