@@ -69,7 +69,7 @@ from torch.utils.data import DataLoader
 from ..cli_support import OneLineParser
 from ..data.datamodule import BatchLoader, FlattenedDataModule
 from ..data.sources import SyntheticSource
-from ..data.store import prepare as prepare_dataset
+from ..data.store import PreparedDataset, prepare as prepare_dataset
 from ..diagnose.heartbeat import Heartbeat
 from ..hooks import LeanCallback, used_hooks
 from ..lessons import quiet_lightning
@@ -78,7 +78,7 @@ from ..run.config import RunConfig
 from ..run.plan import prepare
 from ..run.preemption import StopOnSignal
 from ..run.profiler import NoProfiler
-from ..run.train import train
+from ..run.train import LOG_EVERY_N_STEPS, train
 from ..throughput import StepClock
 from .baselines import RowsInMemory, on_fabric
 
@@ -189,6 +189,12 @@ LEFT_OUT = {
 }
 
 
+def two_levels(folder: Path) -> PreparedDataset:
+    """The kosmoss lines' dataset: KOSMOSS_COLUMNS synthetic columns of two levels."""
+    return prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2), folder,
+                           shard_size=KOSMOSS_COLUMNS)
+
+
 def _per_batch_hooks_off(*callbacks: type) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     for callback in callbacks:
@@ -203,8 +209,7 @@ def in_kosmoss(*left_out: str) -> Callable[[int], float]:
                 mock.patch.dict(os.environ, {"KOSMOSS_HOME": home}), contextlib.ExitStack() as parts:
             for part in left_out:
                 parts.enter_context(LEFT_OUT[part]())
-            data = prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2),
-                                   Path(home) / "data" / "two-levels", shard_size=KOSMOSS_COLUMNS)
+            data = two_levels(Path(home) / "data" / "two-levels")
             plan = prepare(RunConfig(dataset=str(data.path), batch_size=1, hidden=(1,),
                                      max_steps=steps + 1, max_epochs=1_000_000, progress=False))
             outcome = train(plan)
@@ -212,15 +217,11 @@ def in_kosmoss(*left_out: str) -> Callable[[int], float]:
     return run
 
 
-LOG_EVERY = 50  # kosmoss's log_every_n_steps once an epoch has 50 batches (run.train)
-
-
 def kosmoss_on_fabric(steps: int, home: Path) -> float:
     """kosmoss's pieces that need no Trainer, on a loop of Fabric's: the data module's
     loader, LitMLP's training step with its ``self.log`` (Fabric hands it to its TensorBoard
     and CSV loggers) on kosmoss's log steps. Seconds per step; the logs stay in ``home``."""
-    data = prepare_dataset(SyntheticSource(KOSMOSS_COLUMNS, levels=2), home / "two-levels",
-                           shard_size=KOSMOSS_COLUMNS)
+    data = two_levels(home / "two-levels")
     module = FlattenedDataModule(data, batch_size=1, mode="controlled")
     module.setup("fit")
     fabric = Fabric(accelerator="cpu", devices=1,
@@ -229,23 +230,24 @@ def kosmoss_on_fabric(steps: int, home: Path) -> float:
     torch.manual_seed(0)
     model = LitMLP(data.n_x, (1,), data.n_y, stats=data.statistics())
     model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
-    clock, done = StepClock(), [0]
+    clock, done = StepClock(), 0
 
     def logs_this_step(self) -> bool:
         # LitMLP asks the Trainer which steps log; under Fabric there is none (it would log
-        # every step), so the variant applies kosmoss's rule itself: the first and every 50th.
-        return done[0] == 0 or (done[0] + 1) % LOG_EVERY == 0
+        # every step), so the variant applies kosmoss's rule itself: the first and every 50th
+        # (an epoch here has 160 batches).
+        return done == 0 or (done + 1) % LOG_EVERY_N_STEPS == 0
 
     with mock.patch.object(LitMLP, "_logs_this_step", logs_this_step):
-        while done[0] <= steps:
+        while done <= steps:
             for batch_idx, batch in enumerate(module.train_dataloader()):
                 loss = model.training_step(batch, batch_idx)
                 optimizer.zero_grad(set_to_none=True)
                 fabric.backward(loss)
                 optimizer.step()
-                done[0] += 1
+                done += 1
                 clock.step_done(1, CPU)
-                if done[0] > steps:
+                if done > steps:
                     break
             clock.pause(CPU)  # an epoch's end: untimed, as in the Trainer's runs
     for logger in fabric.loggers:

@@ -110,6 +110,9 @@ def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
         raise RunFailed(f"{what}; stacks of every process of the run in {stacks}") from err
 
 
+LOG_EVERY_N_STEPS = 50  # Lightning's default; fewer when an epoch is shorter
+
+
 def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     config, topology, scaling = plan.config, plan.topology, plan.scaling
     steps_per_epoch = max(1, plan.split_sizes["train"] // scaling.global_batch_size)
@@ -136,7 +139,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         # FlattenedDataModule already gives each rank its share of every batch.
         use_distributed_sampler=False,
         plugins=plugins,
-        log_every_n_steps=min(50, steps_per_epoch),
+        log_every_n_steps=min(LOG_EVERY_N_STEPS, steps_per_epoch),
         enable_progress_bar=config.progress,
         enable_model_summary=False,  # the parameter count is in the summary line
         profiler=NoProfiler(),

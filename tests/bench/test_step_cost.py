@@ -8,6 +8,7 @@ from kosmoss.bench import step_cost
 from kosmoss.diagnose.heartbeat import Heartbeat
 from kosmoss.hooks import used_hooks
 from kosmoss.run.preemption import StopOnSignal
+from kosmoss.run import train as run_train
 from kosmoss.bench.baselines import RowsInMemory
 from kosmoss.model import LitMLP
 
@@ -74,11 +75,9 @@ def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monke
     seen = []
     real_train, original = step_cost.train, LitMLP._logs_this_step
 
-    def spy(plan):
-        from kosmoss.run.train import run_loggers
-
+    def spy(plan):  # run_loggers read from its module, where the "loggers" line patches it
         seen.append((plan.scaling.global_batch_size, plan.config.hidden,
-                     run_loggers(plan), LitMLP._logs_this_step is original,
+                     run_train.run_loggers(plan), LitMLP._logs_this_step is original,
                      used_hooks(Heartbeat) + used_hooks(StopOnSignal)))
         return real_train(plan)
 
