@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -31,7 +31,7 @@ from .. import records
 from ..errors import RunFailed
 from ..hooks import LeanCallback
 
-WAIT_FOR_THE_DEAD_S = 2.0  # a dead peer's sockets close a moment before it is seen dead
+WAIT_FOR_THE_DEAD_S = 2.0  # a dead process's sockets close a moment before it is seen dead
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -97,22 +97,22 @@ class DeadRankNamed(LeanCallback):
         self.run_dir = Path(run_dir)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # gloo's and the DataLoader's errors are RuntimeErrors, or a reset pipe from a dead
-        # worker; others are this rank's own.
-        if not isinstance(exception, (RuntimeError, ConnectionError)):
-            return
         # torch's SIGCHLD handler raises "DataLoader worker ... is killed" on every SIGCHLD
         # while a dead worker is registered: one landed in a later hook and replaced this
-        # line with a traceback. The run is failing: nothing else needs the handler.
+        # line with a traceback. The run is failing, whatever failed: nothing needs it now.
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        worker = dead_worker(self.run_dir)
+        # gloo's and the DataLoader's errors are RuntimeErrors; a dead worker's pipe is reset
+        # or ends mid-message (EOFError); others are this rank's own.
+        if not isinstance(exception, (RuntimeError, ConnectionError, EOFError)):
+            return
+        workers, peers = my_workers(self.run_dir), trainer.world_size > 1
+        if not workers and not peers:
+            return
+        worker, dead, peer = self._wait_for_the_dead(trainer, workers, peers)
         if worker:
             raise RunFailed(f"{worker}; this rank stopped at step {trainer.global_step} (run "
                             f"{self.run_dir.name})") from exception
-        if trainer.world_size < 2:
-            return
-        dead, peer = self._wait_for_the_dead(trainer)
         if peer is not None and peer.get("state") == records.STOPPED:
             signum = getattr(signal, peer.get("signal") or "", signal.SIGTERM)
             raise records.Stopped(signum, f"stopped with {_describe(peer)}") from exception
@@ -121,16 +121,18 @@ class DeadRankNamed(LeanCallback):
             raise RunFailed(f"{dead}; this rank stopped at step {trainer.global_step} "
                             f"(run {self.run_dir.name})") from exception
 
-
-    def _wait_for_the_dead(self, trainer) -> Tuple[Optional[str], Optional[dict]]:
-        """A peer's sockets close a moment before its death can be seen (it is not a zombie
-        yet): look again for up to WAIT_FOR_THE_DEAD_S."""
+    def _wait_for_the_dead(self, trainer, workers: List[records.ProcessId], peers: bool
+                           ) -> Tuple[Optional[str], Optional[str], Optional[dict]]:
+        """A dead process's sockets close a moment before its death can be seen (it is not a
+        zombie yet; a killed data worker's reset pipe was seen first under load, CI
+        2026-11-26): look again for up to WAIT_FOR_THE_DEAD_S."""
         deadline = time.monotonic() + WAIT_FOR_THE_DEAD_S
         while True:
-            dead = dead_child(trainer)
-            peer = None if dead else ended_peer(self.run_dir)
-            if dead or peer is not None or time.monotonic() > deadline:
-                return dead, peer
+            worker = dead_worker(workers)
+            dead = None if worker or not peers else dead_child(trainer)
+            peer = None if worker or dead or not peers else ended_peer(self.run_dir)
+            if worker or dead or peer is not None or time.monotonic() > deadline:
+                return worker, dead, peer
             time.sleep(0.1)
 
 
@@ -147,15 +149,19 @@ def dead_child(trainer: pl.Trainer) -> Optional[str]:
     return None
 
 
-def dead_worker(run_dir: Path) -> Optional[str]:
-    """A data worker forked from this rank, recorded running but gone."""
+def my_workers(run_dir: Path) -> List[records.ProcessId]:
+    """The data workers forked from this rank, as the run's records have them running."""
     me = records.current()
-    for process in records.read_processes(run_dir) if me is not None else []:
-        worker = records.ProcessId.from_dict(process)
-        if (process.get("role") == "worker" and process.get("parent") == me.me.as_dict()
-                and process.get("state") == records.RUNNING and not worker.is_alive()):
-            return f"a data worker (pid {worker.pid}) of this rank died"
-    return None
+    return [records.ProcessId.from_dict(process)
+            for process in (records.read_processes(run_dir) if me is not None else [])
+            if process.get("role") == "worker" and process.get("parent") == me.me.as_dict()
+            and process.get("state") == records.RUNNING]
+
+
+def dead_worker(workers: List[records.ProcessId]) -> Optional[str]:
+    """The first of ``workers`` that is gone."""
+    return next((f"a data worker (pid {worker.pid}) of this rank died"
+                 for worker in workers if not worker.is_alive()), None)
 
 
 def ended_peer(run_dir: Path) -> Optional[dict]:

@@ -1,0 +1,60 @@
+"""A data worker killed under load: its pipe can reset (or end mid-message, EOFError) a
+moment before the worker is seen dead. DeadRankNamed looks again for a while, so the run
+still fails with the one line that names the worker (kosmoss.run.faults)."""
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kosmoss import records
+from kosmoss.errors import RunFailed
+from kosmoss.run import faults
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """A live process standing for this rank's one data worker; SIGCHLD's handler kept."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(faults, "my_workers", lambda run_dir: [records.ProcessId.of(process.pid)])
+    handler = signal.getsignal(signal.SIGCHLD)
+    yield process
+    signal.signal(signal.SIGCHLD, handler)
+    process.kill()
+    process.wait()
+
+
+def _kill_later(process, after_s):
+    def kill():
+        time.sleep(after_s)
+        process.kill()
+        process.wait()
+    threading.Thread(target=kill, daemon=True).start()
+
+
+@pytest.mark.parametrize("error", [EOFError(), ConnectionResetError(104, "reset by peer"),
+                                   RuntimeError("DataLoader worker exited unexpectedly")])
+def test_a_worker_seen_dead_late_is_still_named(tmp_path, worker, error):
+    trainer = SimpleNamespace(world_size=1, global_step=7)
+    _kill_later(worker, 0.5)  # alive when the error arrives, dead within the wait
+    with pytest.raises(RunFailed) as failed:
+        faults.DeadRankNamed(tmp_path).on_exception(trainer, None, error)
+    assert str(failed.value).startswith(f"a data worker (pid {worker.pid}) of this rank died; "
+                                        "this rank stopped at step 7")
+
+
+def test_an_error_of_the_rank_itself_goes_through_at_once(tmp_path, worker):
+    trainer = SimpleNamespace(world_size=1, global_step=7)
+    start = time.monotonic()
+    faults.DeadRankNamed(tmp_path).on_exception(trainer, None, ValueError("a bug"))
+    assert time.monotonic() - start < 0.5  # not waited for: no worker could explain it
+    assert worker.poll() is None
+
+
+def test_a_live_worker_is_not_blamed(tmp_path, worker):
+    trainer = SimpleNamespace(world_size=1, global_step=7)
+    faults.DeadRankNamed(tmp_path).on_exception(trainer, None, RuntimeError("this rank's own"))
+    assert worker.poll() is None  # looked for WAIT_FOR_THE_DEAD_S, found alive, no line
