@@ -36,15 +36,17 @@ class StepClock:
         self._last: Optional[float] = None
         self._faults_at_start = 0  # where the running interval of timed steps began
 
-    def step_done(self, samples: int, device: torch.device) -> bool:
-        """Count a finished step; True for the first one (the warm-up)."""
+    def step_done(self, samples: int, device: torch.device, ended: Optional[float] = None) -> bool:
+        """Count a finished step (``ended``: when, by ``time.perf_counter``, if not now: the
+        steps of a chunk are counted after it); True for the first one (the warm-up)."""
         if self._last is None:  # an interval starts: its first step only sets the clock
-            self._last, self._faults_at_start = synced_clock(device), minor_faults()
+            self._last = synced_clock(device) if ended is None else ended
+            self._faults_at_start = minor_faults()
             first = self.first_step_unix is None
             if first:
                 self.first_step_unix = time.time()
             return first
-        now = time.perf_counter()
+        now = time.perf_counter() if ended is None else ended
         self.elapsed += now - self._last
         self.squares += (now - self._last) ** 2
         self.samples += samples

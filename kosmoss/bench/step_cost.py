@@ -41,7 +41,10 @@ Variants, interleaved repeat by repeat:
 - ``kosmoss, as trainup runs it``: kosmoss's own run path, ``prepare`` then ``train`` as
   ``trainup_cpu.py`` calls them (its Trainer, callbacks, loggers, data module and loader),
   on a two-level synthetic dataset in a temporary ``KOSMOSS_HOME``, one hidden unit, batch
-  1, timed by the run's own ThroughputMeter: what kosmoss adds above ``lightning``;
+  1, timed by the run's own ThroughputMeter: what kosmoss adds above ``lightning``
+  (one process: 8 optimizer steps per step of Lightning's loop, kosmoss.run.chunks);
+- ``kosmoss, one step a batch``: the same run with ``--steps-per-execution 1``, one
+  optimizer step per step of Lightning's loop (what the chunks save);
 - ``kosmoss, without ...``: the same run with one part patched out (the logging of
   ``train_loss``, the loggers, the per-batch hooks of Heartbeat and StopOnSignal): what
   that part costs a step.
@@ -203,7 +206,8 @@ def _per_batch_hooks_off(*callbacks: type) -> contextlib.ExitStack:
     return stack
 
 
-def in_kosmoss(*left_out: str) -> Callable[[int], float]:
+def in_kosmoss(*left_out: str, steps_per_execution: Optional[int] = None
+               ) -> Callable[[int], float]:
     def run(steps: int) -> float:
         with tempfile.TemporaryDirectory(prefix="kosmoss-step-cost-") as home, \
                 mock.patch.dict(os.environ, {"KOSMOSS_HOME": home}), contextlib.ExitStack() as parts:
@@ -211,7 +215,8 @@ def in_kosmoss(*left_out: str) -> Callable[[int], float]:
                 parts.enter_context(LEFT_OUT[part]())
             data = two_levels(Path(home) / "data" / "two-levels")
             plan = prepare(RunConfig(dataset=str(data.path), batch_size=1, hidden=(1,),
-                                     max_steps=steps + 1, max_epochs=1_000_000, progress=False))
+                                     max_steps=steps + 1, max_epochs=1_000_000, progress=False,
+                                     steps_per_execution=steps_per_execution))
             outcome = train(plan)
         return 1.0 / outcome.meter.samples_per_s  # one sample a step
     return run
@@ -273,6 +278,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "fabric": partial(plain, fabric=True),
     "fabric, with kosmoss's loader, step and loggers": on_fabric_in_a_temporary_home,
     "kosmoss, as trainup runs it": in_kosmoss(),
+    "kosmoss, one step a batch": in_kosmoss(steps_per_execution=1),
     "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),
     "kosmoss, without loggers": in_kosmoss("loggers"),
     "kosmoss, without heartbeat/stop hooks": in_kosmoss("heartbeat and stop-signal hooks"),

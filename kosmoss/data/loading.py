@@ -228,6 +228,12 @@ class RankBatchSampler(Sampler[np.ndarray]):
         batch before it calls ``set_epoch``."""
         self.epoch, self._resume_at = epoch, (epoch, batches_done)
 
+    @property
+    def skips(self) -> int:
+        """How many of the epoch's batches the next pass leaves out (a resume's)."""
+        at = self._resume_at
+        return at[1] if at and at[0] == self.epoch else 0
+
     def _epoch_order(self) -> np.ndarray:
         if not self.shuffle:
             return self.indices
@@ -246,8 +252,7 @@ class RankBatchSampler(Sampler[np.ndarray]):
         return batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        resume_at, self._resume_at = self._resume_at, None
-        skip = resume_at[1] if resume_at and resume_at[0] == self.epoch else 0
+        skip, self._resume_at = self.skips, None
         # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
         return (np.sort(batch) for batch in self.batches()[skip:])
 

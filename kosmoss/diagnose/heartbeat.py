@@ -72,7 +72,7 @@ class Heartbeat(LeanCallback):
             began = self._last_end if self._last_end is not None else self._batch_start
             self._busy += now - began
         self._last_end = now
-        self._steps += 1
+        self._steps += getattr(batch, "steps", 1)  # a Chunk holds several (kosmoss.run.chunks)
         self._samples += _batch_size(batch)
         if now - self._last_write >= self.interval_s:
             self._loss = _loss_of(outputs)
@@ -127,6 +127,8 @@ class Heartbeat(LeanCallback):
 
 
 def _batch_size(batch) -> int:
+    if hasattr(batch, "samples"):  # a Chunk
+        return batch.samples
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     shape = getattr(first, "shape", None)
     return int(shape[0]) if shape else 1

@@ -18,6 +18,9 @@ class Engine:
     required_launcher: Optional[str] = None
     # Collectives go through torch.distributed's process group (monitored_barrier works).
     uses_process_group: bool = False
+    # One process of it may make several optimizer steps per batch (kosmoss.run.chunks):
+    # Horovod's optimizer synchronises once per step of Lightning's loop.
+    steps_in_chunks: bool = False
 
     def check_available(self) -> None:
         """Raise a one-line error when the engine cannot run here (e.g. not installed)."""

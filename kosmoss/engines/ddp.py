@@ -31,6 +31,7 @@ def no_buffer_sync_per_step() -> dict:
 class DDPEngine(Engine):
     name = "ddp"
     uses_process_group = True
+    steps_in_chunks = True  # with one process there is no DDP wrapper to keep in step
 
     def check_launch(self, launcher: str, ranks: int) -> None:
         if launcher == "horovodrun":

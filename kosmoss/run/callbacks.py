@@ -10,6 +10,7 @@ from typing import List, Optional
 import pytorch_lightning as pl
 import torch
 
+from ..data.datamodule import Chunk
 from ..devices import Sharing, apply_sharing, to_numpy
 from ..hooks import LeanCallback
 from ..memory import peak_host_rss_mib
@@ -80,8 +81,15 @@ class ThroughputMeter(LeanCallback):
         self.trained_from_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.clock.step_done(len(batch[0]), pl_module.device):
-            self.first_step_s = time.perf_counter() - self._fit_start
+        if isinstance(batch, Chunk):  # one optimizer step per batch in it, each timed
+            for samples, ended in zip(batch.sizes, batch.step_ends[1:]):
+                self._step_done(samples, pl_module.device, ended)
+        else:
+            self._step_done(len(batch[0]), pl_module.device, None)
+
+    def _step_done(self, samples: int, device, ended: Optional[float]) -> None:
+        if self.clock.step_done(samples, device, ended):
+            self.first_step_s = (ended or time.perf_counter()) - self._fit_start
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self.clock.pause(pl_module.device)

@@ -54,6 +54,7 @@ class RunConfig:
     strategy: str = "ddp"  # an engine of kosmoss.engines
     precision: str = "32-true"  # Lightning's name; bf16-mixed autocasts (GPU or CPU)
     collective_timeout_s: Optional[float] = None  # None: COLLECTIVE_TIMEOUT_S by device
+    steps_per_execution: Optional[int] = None  # None: as many as the run allows (run.chunks)
     # The fields the user typed (flags given), so a resume keeps the stopped run's value for
     # the others; None: those that differ from the defaults (a call from code).
     given: Optional[FrozenSet[str]] = None
@@ -91,6 +92,8 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
                           "or more layer sizes >= 1")
     if config.num_workers is not None and config.num_workers < 0:
         raise ConfigError("num_workers", f"{{field}} {config.num_workers}: must be >= 0")
+    if config.steps_per_execution is not None:
+        _at_least(config.steps_per_execution, 1, "steps_per_execution")
     if config.collective_timeout_s is not None and not config.collective_timeout_s > 0:
         raise ConfigError("collective_timeout_s", f"{{field}} {config.collective_timeout_s}: "
                           "give a number of seconds > 0")

@@ -96,6 +96,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
              "(default %(default)s)")
     add("--num-workers", type=int, default=None,
         help="data workers per process (default: sized from the cores per process)")
+    add("--steps-per-execution", type=int, default=None, metavar="K",
+        help="optimizer steps per step of Lightning's loop; 1: one a batch (default: 8 for one "
+             "CPU process, 32-true, no data workers; else 1)")
     add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,
         metavar="SECONDS", help="fail a collective that waits longer (default 120 on CPU, "
                                 "600 on GPU)")
@@ -142,6 +145,7 @@ def config_from_args(parsed: argparse.Namespace, *, machine: MachineGpu,
         hidden=tuple(args.hidden), mode=args.mode, num_workers=args.num_workers,
         progress=args.progress, resume=args.resume, precision=args.precision,
         strategy=args.strategy, collective_timeout_s=args.collective_timeout_s,
+        steps_per_execution=args.steps_per_execution,
         gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
         machine_gpu=machine.setting, gpu_index=machine.index, use_gpu=use_gpu,
         given=given | ({"num_processes"} if "gpu_ids" in given else frozenset()),

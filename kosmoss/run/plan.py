@@ -30,6 +30,7 @@ from ..launch import Launcher, Topology
 from ..records import RUN_ID_ENV
 from ..scaling import ScalingPlan, plan as plan_scaling
 from . import resume
+from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
 from .preemption import CHECKPOINT as PREEMPTED
 
@@ -56,6 +57,7 @@ class RunPlan:
     collective_timeout: timedelta
     warnings: Tuple[str, ...]
     notes: Tuple[str, ...] = ()  # what a resume took over or changed, said before training
+    steps_per_execution: int = 1  # optimizer steps per step of Lightning's loop (run.chunks)
 
     @property
     def is_global_zero(self) -> bool:
@@ -116,17 +118,21 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
+    num_workers = (config.num_workers if config.num_workers is not None
+                   else default_num_workers(topology.ranks_on_host))
     return RunPlan(
         config=config, engine=engine, topology=topology, policy=policy, share=share,
         scaling=scaling, dataset=dataset, split_sizes=sizes, run_id=run_id, run_dir=run_dir,
         resume_from=resume_from, resumed_from_step=step,
-        num_workers=(config.num_workers if config.num_workers is not None
-                     else default_num_workers(topology.ranks_on_host)),
+        num_workers=num_workers,
         data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
                               gpu_bytes=gpu_bytes_per_rank(policy, share)),
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=point.notes if point is not None else (),
+        steps_per_execution=steps_per_execution(config.steps_per_execution, topology.world_size,
+                                                engine, policy.accelerator,
+                                                config.precision, num_workers),
     )
 
 

@@ -87,6 +87,7 @@ def topology_fields(plan: RunPlan) -> dict:
         "backend": plan.engine.backend(share, world),
         "gpu_memory_fraction": share.memory_fraction if policy.gpu else None,
         "data_mode": plan.data_mode,  # what --mode auto chose: where the batches come from
+        "steps_per_execution": plan.steps_per_execution,  # optimizer steps per loop step
         "global_batch_size": scaling.global_batch_size,
         "per_device_batch_size": scaling.per_device_batch_size,
         "base_batch_size": scaling.base_batch_size,

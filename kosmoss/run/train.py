@@ -27,6 +27,7 @@ from ..errors import RunFailed
 from ..launch import Launcher, cluster_environment
 from ..model import LitMLP
 from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
+from .chunks import ChunkCounts, StepsInChunks
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .plan import RunPlan
 from .preemption import StopOnSignal
@@ -64,10 +65,11 @@ def train(plan: RunPlan) -> Outcome:
     config = plan.config
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(config.seed, workers=True, verbose=False)
+    steps = plan.steps_per_execution
     datamodule = FlattenedDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
                                      mode=plan.data_mode, splits=SPLITS, seed=config.seed,
-                                     num_workers=plan.num_workers)
-    model = LitMLP(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
+                                     num_workers=plan.num_workers, steps_per_execution=steps)
+    model = (StepsInChunks if steps > 1 else LitMLP)(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
                    stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
                    warmup_start_lr=plan.scaling.base_lr)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
@@ -75,7 +77,7 @@ def train(plan: RunPlan) -> Outcome:
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
     callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
-                 Heartbeat(plan.run_dir), GpuShare(plan.share)]
+                 Heartbeat(plan.run_dir), GpuShare(plan.share), ChunkCounts(steps)]
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it
