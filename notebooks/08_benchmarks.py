@@ -118,9 +118,9 @@ display(Image(filename=str(out / "bench.png")))
 #   profiler that builds nothing, the hook name set without `nn.Module`'s checks, batches
 #   read in place instead of through torch's DataLoader, callbacks whose unused per-batch
 #   hooks Lightning skips): with Lightning's, a fixed cost per step, which matters more
-#   when a step is short (small batch, fast device). One CPU process also makes 8
+#   when a step is short (small batch, fast device). One CPU process also makes several
 #   optimizer steps per step of Lightning's loop (`--steps-per-execution`, as Keras calls
-#   it), so that loop's own Python is paid once per 8 steps; the steps, losses and
+#   it), so that loop's own Python is paid once per several steps; the steps, losses and
 #   weights are the same as with one step a batch;
 # - **the raw loop on Lightning Fabric** (`fabric-cpu`) is the raw loop line for line with
 #   its model and optimizer set up by `Fabric` and its backward through `fabric.backward`:

@@ -191,7 +191,8 @@ class FlattenedDataModule(pl.LightningDataModule):
             if train and self.steps_per_execution > 1:
                 return ChunkedBatchLoader(self.data, sampler, self.steps_per_execution)
             if train:
-                return ResumableBatchLoader(self.data, sampler, batches_done=self._train_batches_done)
+                return ResumableBatchLoader(self.data, sampler,
+                                            batches_done=self._train_batches_done)
             return BatchLoader(self.data, sampler)
         # batch_size=None: the sampler yields whole batches and the dataset reads them at once.
         options = dict(sampler=sampler, batch_size=None, num_workers=workers,

@@ -6,9 +6,9 @@ docs/benchmarks.md). The steps themselves are the same, in the same order: losse
 weights are bit-identical to one step per batch.
 
 Only where a step of the loop can hold several: one process of the DDP engine (DDP and
-Horovod want one backward per forward of their wrapped model), the loader in this process (workers and
-pinned memory hand out single batches), on the CPU and in 32-bit (autocast would wrap the
-backward passes too; a GPU run at its batch is not bound by Python).
+Horovod want one backward per forward of their wrapped model), the loader in this process
+(workers and pinned memory hand out single batches), on the CPU and in 32-bit (autocast
+would wrap the backward passes too; a GPU run at its batch is not bound by Python).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def steps_per_execution(asked: Optional[int], world_size: int, engine: Engine, a
     """K for a run: ``asked``, else STEPS_PER_EXECUTION where a loop step can hold several,
     else 1. Asking for more than 1 where it cannot is a ConfigError."""
     why_not = [reason for reason, holds in (
-        (f"{world_size} processes", world_size == 1), (f"--strategy {engine.name}", engine.steps_in_chunks),
+        (f"{world_size} processes", world_size == 1),
+        (f"--strategy {engine.name}", engine.steps_in_chunks),
         (f"a {accelerator.upper()}", accelerator == "cpu"),
         (f"--precision {precision}", precision == "32-true"),
         (f"{num_workers} data workers", num_workers == 0)) if not holds]

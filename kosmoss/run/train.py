@@ -69,9 +69,10 @@ def train(plan: RunPlan) -> Outcome:
     datamodule = FlattenedDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
                                      mode=plan.data_mode, splits=SPLITS, seed=config.seed,
                                      num_workers=plan.num_workers, steps_per_execution=steps)
-    model = (StepsInChunks if steps > 1 else LitMLP)(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
-                   stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
-                   warmup_start_lr=plan.scaling.base_lr)
+    model_class = StepsInChunks if steps > 1 else LitMLP  # K steps per loop step (run.chunks)
+    model = model_class(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
+                        stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
+                        warmup_start_lr=plan.scaling.base_lr)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
     stopper = StopOnSignal(plan.run_dir / "checkpoints")
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
