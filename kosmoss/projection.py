@@ -397,10 +397,20 @@ def _run_reference(result: dict, file: Path) -> dict:
     if result["world_size"] != 1:
         raise UsageError(f"--from {file}: a run of {result['world_size']} ranks; a projection "
                          "starts from one device: give a 1-process run")
-    return {"samples_per_s": result["train_samples_per_s"],
+    return {"samples_per_s": one_step_a_batch(result["train_samples_per_s"],
+                                              result["per_device_batch_size"], result),
             "batch": result["per_device_batch_size"],
             "device": "cuda" if result.get("accelerator") in ("gpu", "cuda") else "cpu",
             "source": f"run {file}", "step_time_cv": _first(result.get("step_time_cv"))}
+
+
+def one_step_a_batch(samples_per_s: float, batch: int, measured: dict) -> float:
+    """The reference's samples/s had it run Lightning's loop every step, as each rank of a
+    multi-rank run does: a 1-process run with K steps a loop step (kosmoss.run.chunks) ran
+    it once per K and measured its cost between chunks (``loop_step_s``)."""
+    steps = measured.get("steps_per_execution") or 1
+    loop = (measured.get("loop_step_s") or 0.0) * (1 - 1 / steps)
+    return batch / (batch / samples_per_s + loop)
 
 
 def _first(value) -> Optional[float]:
@@ -417,7 +427,8 @@ def _bench_reference(bench: dict, file: Path, row_id: Optional[str]) -> dict:
         usable = [r for r, v in rows.items() if v.get("ranks") == 1 and v.get("samples_per_s")]
         raise UsageError(f"--row {row_id}: not a measured 1-rank row of {file}; choose from "
                          f"{', '.join(usable) or 'none (no 1-rank row was measured)'}")
-    return {"samples_per_s": row["samples_per_s"], "batch": row["batch_size"],
+    return {"samples_per_s": one_step_a_batch(row["samples_per_s"], row["batch_size"], row),
+            "batch": row["batch_size"],
             "device": "cuda" if row["device"] == "gpu" else "cpu",
             "source": f"bench row {row_id} of {file}", "step_time_cv": row.get("step_time_cv")}
 

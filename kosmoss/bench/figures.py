@@ -88,6 +88,8 @@ def summarize(measurements: List[dict]) -> dict:
             "val_loss": med("val_loss"),
             "page_faults_per_step": med("page_faults_per_step"),
             "step_time_cv": med("step_time_cv"),
+            "loop_step_s": med("loop_step_s"),
+            "steps_per_execution": peak("steps_per_execution"),
             "peak_host_mib": peak("peak_host_mib"), "peak_gpu_mib": peak("peak_gpu_mib")}
 
 

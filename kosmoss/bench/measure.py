@@ -77,6 +77,9 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "page_faults_per_step": _max_of_any(result.get("page_faults_per_step")),
         # How much a step jitters (std ÷ mean), the most of any rank: kosmoss.throughput.
         "step_time_cv": _max_of_any(result.get("step_time_cv")),
+        # A 1-process run with several steps a loop step: the loop's cost once per chunk.
+        "loop_step_s": result.get("loop_step_s"),
+        "steps_per_execution": result.get("steps_per_execution", 1),
         "precision": result.get("precision"),
         "world_size": result.get("world_size", 1),
         "warnings": result.get("warnings", []),

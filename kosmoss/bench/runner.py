@@ -76,7 +76,9 @@ COMM_TIMEOUT_S = 300.0
 ANATOMY_STEPS = 300  # raw-loop steps per line of the shared-GPU split (a few ms each)
 PREDICTION_MODEL = (
     "kosmoss.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
-    "step - the raw loop's, once a step, scaled by neither batch nor share) + the rest of "
+    "step - the raw loop's, plus the Lightning loop that row ran once per K steps and a "
+    "rank runs every step: its loop_step_s x (1 - 1/K); once a step, scaled by neither "
+    "batch nor share) + the rest of "
     "the 1-rank row's step x (per-rank batch / global batch) x (reference share / rank "
     "share), optimizer measured here and scaled by the share; shares: on CPU the cores each "
     "has as they perform now (thread_speedup: the 1-rank row's threads against each rank's, "
@@ -165,6 +167,14 @@ def framework_step_s(kosmoss_row: dict, raw_row: dict) -> float:
     return max(0.0, batch / kosmoss_row["samples_per_s"] - batch / raw_row["samples_per_s"])
 
 
+def loop_paid_back_s(single_row: dict) -> float:
+    """What a rank of a multi-rank row pays a step that the 1-rank row did not: that row
+    ran Lightning's loop once per K steps (kosmoss.run.chunks), a DDP rank runs it every
+    step (K = 1). The loop's cost is the 1-rank run's own gap between chunks."""
+    steps = single_row.get("steps_per_execution") or 1
+    return (single_row.get("loop_step_s") or 0.0) * (1 - 1 / steps)
+
+
 def row_topology(setup: Setup) -> Tuple[int, int, str]:
     """(ranks, simulated nodes, device) of a multi-rank row, from its command's flags."""
     entry = list(setup.entry)
@@ -190,7 +200,8 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
             {"samples_per_s": single["samples_per_s"], "batch": single["batch_size"],
              "device": device, "source": f"bench row {setup.single}",
              "step_time_cv": single.get("step_time_cv"),
-             "fixed_s": framework_step_s(single, rows.get(single.get("versus") or "", {}))},
+             "fixed_s": framework_step_s(single, rows.get(single.get("versus") or "", {}))
+                        + loop_paid_back_s(single)},
             reference_share, n_x=shape.n_x, n_y=shape.n_y)
     profile = context["profiles"][setup.single]
     global_batch = rows[setup.id]["batch_size"]

@@ -69,6 +69,17 @@ class ThroughputMeter(LeanCallback):
         self.step_time_cv: List[float] = []
         self.trained_from_step: Optional[int] = None
         self._fit_start = 0.0
+        # Several steps a loop step (kosmoss.run.chunks): from one chunk's last step to the
+        # next chunk's first batch runs Lightning's loop alone, once per chunk.
+        self._loop_gaps: List[float] = []
+        self._last_chunk_end: Optional[float] = None
+
+    @property
+    def loop_step_s(self) -> Optional[float]:
+        """Lightning's loop between two chunks (median), what a run making one step a batch
+        pays every step; None without chunks."""
+        gaps = sorted(self._loop_gaps)
+        return gaps[len(gaps) // 2] if gaps else None
 
     @property
     def first_step_unix(self) -> Optional[float]:
@@ -84,6 +95,9 @@ class ThroughputMeter(LeanCallback):
         if isinstance(batch, Chunk):  # one optimizer step per batch in it, each timed
             for samples, ended in zip(batch.sizes, batch.step_ends[1:]):
                 self._step_done(samples, pl_module.device, ended)
+            if self._last_chunk_end is not None and batch.step_ends:
+                self._loop_gaps.append(batch.step_ends[0] - self._last_chunk_end)
+            self._last_chunk_end = batch.step_ends[-1] if batch.step_ends else None
         else:
             self._step_done(len(batch[0]), pl_module.device, None)
 
@@ -93,6 +107,7 @@ class ThroughputMeter(LeanCallback):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self.clock.pause(pl_module.device)
+        self._last_chunk_end = None  # a validation is no gap of the loop
 
     def on_validation_end(self, trainer, pl_module) -> None:
         loss = trainer.callback_metrics.get("val_loss")

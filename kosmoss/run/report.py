@@ -43,6 +43,7 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "peak_gpu_mib": meter.peak_gpu_mib,
         "page_faults_per_step": meter.page_faults_per_step,
         "step_time_cv": meter.step_time_cv,  # std ÷ mean of each rank's timed steps
+        "loop_step_s": meter.loop_step_s,  # Lightning's loop between chunks (run.chunks)
         **outcome.scores,
         "mean_baseline_loss": mean_baseline_loss(plan.dataset.statistics()),
         "params": outcome.params,

@@ -104,6 +104,26 @@ def test_k_steps_a_batch_train_log_and_stop_as_one_step_a_batch(shared_home, tmp
         assert _rows(other) == _rows(one)
     assert "train_loss" in _rows(eight)[0].split(",")
     assert eight["train_samples_per_s"] > 0 and eight["step_time_cv"][0] > 0
+    # Lightning's loop between chunks, measured where it runs once per chunk only.
+    assert eight["loop_step_s"] > 0 and one["loop_step_s"] is None
+
+
+def test_a_multi_rank_prediction_pays_back_the_loop_the_1_rank_row_ran_once_per_chunk():
+    from kosmoss.bench.runner import loop_paid_back_s
+
+    assert loop_paid_back_s({"steps_per_execution": 8, "loop_step_s": 0.0004}) == \
+        pytest.approx(0.0004 * 7 / 8)
+    assert loop_paid_back_s({"steps_per_execution": 1, "loop_step_s": None}) == 0.0
+    assert loop_paid_back_s({}) == 0.0
+
+
+def test_kosmoss_project_starts_from_the_reference_as_if_it_ran_one_step_a_batch():
+    from kosmoss.projection import one_step_a_batch
+
+    # 256 samples in 5 ms a step, with a loop of 0.4 ms run once per 8 steps.
+    slower = one_step_a_batch(256 / 0.005, 256, {"steps_per_execution": 8, "loop_step_s": 4e-4})
+    assert slower == pytest.approx(256 / (0.005 + 4e-4 * 7 / 8))
+    assert one_step_a_batch(1000.0, 10, {"steps_per_execution": 1}) == pytest.approx(1000.0)
 
 
 @pytest.mark.slow
