@@ -17,9 +17,9 @@ Exit codes: 0 done (or stopped by SIGTERM/SIGUSR1 with a checkpoint), 1 failed, 
 """
 import sys
 
-from kosmoss.cli_support import OneLineParser, run_command
-from kosmoss.devices import MachineGpu
-from kosmoss.launch import die_with_spawner
+from kosmoss.core.commandline import OneLineParser, run_command
+from kosmoss.devices.policy import MachineGpu
+from kosmoss.launch.lifetime import die_with_spawner
 from kosmoss.run.flags import add_run_flags, checked_config, flag_names
 
 

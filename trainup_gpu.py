@@ -10,15 +10,15 @@
     sbatch slurm/submit.sbatch --dataset small                  # srun trainup_gpu.py, per task
     python trainup_gpu.py --resume <run-id>                     # continue a stopped run
 
-What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices);
+What a GPU adds: the machine offers a GPU and the run asks for one (kosmoss.devices.policy);
 --gpus is processes per node; more ranks than GPUs share them over gloo with 1/n of the
 memory each; with no GPU the run goes on on CPU with a warning, unless --require-gpu.
 """
 import sys
 
-from kosmoss.cli_support import OneLineParser, run_command
-from kosmoss.devices import MachineGpu
-from kosmoss.launch import die_with_spawner
+from kosmoss.core.commandline import OneLineParser, run_command
+from kosmoss.devices.policy import MachineGpu
+from kosmoss.launch.lifetime import die_with_spawner
 from kosmoss.run.flags import add_gpu_flags, add_run_flags, checked_config, flag_names
 
 

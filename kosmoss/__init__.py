@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # kosmoss.release_memory() is imported when first asked for: importing kosmoss stays cheap.
     if name == "release_memory":
-        from .memory import release_memory
+        from .devices.memory import release_memory
 
         return release_memory
     raise AttributeError(f"module 'kosmoss' has no attribute {name!r}")

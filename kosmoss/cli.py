@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 
 from . import __version__
-from .cli_support import OneLineParser, run_command
 from .commands import bench, check, comm, data, env, ghosts, lessons, project, stacks, train, watch
+from .core.commandline import OneLineParser, run_command
 
 COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."

@@ -7,7 +7,6 @@ so a checkpoint alone predicts in W m-2.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Optional, Sequence
 
 import pytorch_lightning as pl
@@ -15,9 +14,9 @@ import torch
 from torch import nn
 from torchmetrics import MeanSquaredError
 
+from .core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from .data.stats import Statistics
-from .defaults import DEFAULT_HIDDEN, DEFAULT_LR
-from .scaling import warmup_factor
+from .scaling.arithmetic import warmup_factor
 
 EVAL_STAGES = ("val", "test")
 ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
@@ -37,7 +36,7 @@ class LitMLP(pl.LightningModule):
     """Flattened column in, 4 x 138 fluxes out. The default is the course's model:
     3 hidden layers of 100, SiLU. Loss: MSE on normalised targets; RMSE also in W m-2.
     ``lr`` is the rate used; with ``warmup_steps`` it ramps to it from ``warmup_start_lr``
-    (the unscaled base rate, see :mod:`kosmoss.scaling`)."""
+    (the unscaled base rate, see :mod:`kosmoss.scaling.arithmetic`)."""
 
     def __init__(
         self,
@@ -61,16 +60,6 @@ class LitMLP(pl.LightningModule):
         # the world size, unlike a mean of per-rank means weighted by an all-reduced batch size.
         self.mse = nn.ModuleDict({s: MeanSquaredError() for s in EVAL_STAGES})
         self.rmse_wm2 = nn.ModuleDict({s: MeanSquaredError(squared=False) for s in EVAL_STAGES})
-
-    def __setattr__(self, name: str, value) -> None:
-        # Lightning sets _current_fx_name before and after every hook it calls, 44 times a
-        # step; nn.Module.__setattr__ checks it against parameters, buffers and submodules
-        # each time. A hook's name is none of them: ~170 µs less a step on the 2-core VM
-        # (python -m kosmoss.bench.step_cost, issue 19).
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     def _register_stats(self, n_x: int, n_y: int, stats: Optional[Statistics]) -> None:
         # Without stats (e.g. load_from_checkpoint) the buffers are placeholders that the
@@ -100,14 +89,13 @@ class LitMLP(pl.LightningModule):
     def _common_step(self, batch, stage: str) -> torch.Tensor:
         x, y = batch
         # In place: the loader made this batch for this step alone, and (x - mean) / std
-        # would allocate two batch-sized temporaries per step (issue 19: page faults).
+        # would allocate two batch-sized temporaries per step (page faults: docs/bench/2026-11-22.md).
         prediction = self.net(x.sub_(self.x_mean).div_(self.x_std))
         target = self.normalize_y(y)
         loss = nn.functional.mse_loss(prediction, target)
         if stage == "train":
-            if self._logs_this_step():  # sync_dist: the mean over every rank, not rank 0's
-                self.log("train_loss", loss, prog_bar=self._shows_progress(), sync_dist=True,
-                         batch_size=len(x))
+            # sync_dist: the mean over every rank, not rank 0's
+            self.log("train_loss", loss, prog_bar=True, sync_dist=True, batch_size=len(x))
             return loss
         self.mse[stage](prediction.float(), target)
         self.rmse_wm2[stage](self.denormalize_y(prediction.float()), y)
@@ -115,31 +103,8 @@ class LitMLP(pl.LightningModule):
         self.log(f"{stage}_rmse_wm2", self.rmse_wm2[stage])
         return loss
 
-    def _logs_this_step(self) -> bool:
-        # self.log costs ~1 ms per call on CPU, 10-20 % of a step of this small model, and
-        # the loggers only write every log_every_n_steps anyway.
-        trainer = self._trainer
-        if trainer is None:
-            return True
-        every = trainer.log_every_n_steps  # 0 in Trainer(barebones=True): no logging at all
-        # Lightning's loggers write when (steps done + 1) % every == 0: log on those steps,
-        # and on the first (the progress bar and callback_metrics have a value at once).
-        return every > 0 and (self.global_step == 0 or (self.global_step + 1) % every == 0)
-
-    def _shows_progress(self) -> bool:
-        # For a progress bar Lightning turns the last logged loss into a float after every
-        # step, logged or not (.item(): on a GPU, a wait for the step's kernels). Without
-        # one, nobody reads it.
-        trainer = self._trainer
-        return trainer is None or trainer.progress_bar_callback is not None
-
     def training_step(self, batch, batch_idx):
         return self._common_step(batch, "train")
-
-    # Lightning asks inspect.getfullargspec whether training_step takes batch_idx, every
-    # step (~37 µs here); a function's __signature__ answers it at once (~10 µs). A subclass
-    # that overrides training_step is inspected as usual.
-    training_step.__signature__ = inspect.signature(training_step)
 
     def validation_step(self, batch, batch_idx):
         return self._common_step(batch, "val")

@@ -306,7 +306,7 @@ print(f"device: {device}; buffers on {model.x_mean.device}; predicted fluxes {tu
 #
 # ```python
 # # 1.
-# from kosmoss import paths
+# from kosmoss.core import paths
 # from kosmoss.data.sources import SyntheticSource
 # from kosmoss.data.store import prepare
 # small = prepare(SyntheticSource(512, levels=30), paths.data_root() / "levels30", shard_size=256)

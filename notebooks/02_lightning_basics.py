@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import pytorch_lightning as pl
 import torch
 
-from kosmoss import paths
+from kosmoss.core import paths
 from kosmoss.data import presets
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.lessons import quiet_lightning

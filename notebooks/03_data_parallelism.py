@@ -266,7 +266,7 @@ print(f"throughput of 2 processes / 1 process: {ratio:.2f}")
 # the same cores; the cell below says what decided it on this machine.
 
 # %%
-from kosmoss.cpus import available_cores, cores_per_process
+from kosmoss.devices.cpus import available_cores, cores_per_process
 
 cores = available_cores()
 print(f"{cores} core(s); one process computes with {cores_per_process(1)} thread(s), each of "

@@ -39,8 +39,8 @@ import torch
 from IPython.display import Markdown, display
 from pytorch_optimizer import LARS, Lamb
 
-from kosmoss import paths
-from kosmoss.cpus import available_cores
+from kosmoss.core import paths
+from kosmoss.devices.cpus import available_cores
 from kosmoss.data.loading import FlattenedDataset
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare

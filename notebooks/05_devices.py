@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from kosmoss.devices import MachineGpu, decide, sharing, to_numpy
-from kosmoss.environment import gpus as nvml_gpus
-from kosmoss.errors import UsageError
+from kosmoss.devices.environment import gpus as nvml_gpus
+from kosmoss.core.errors import UsageError
 from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
 
 quiet_lightning()
@@ -107,7 +107,7 @@ print(f"checkpoint restored on {restored.device}; as numpy: {to_numpy(restored).
 # fresh Python process, since both variables are read when CUDA starts:
 
 # %%
-probe = ("import torch; from kosmoss.environment import gpus; "
+probe = ("import torch; from kosmoss.devices.environment import gpus; "
          "print(torch.cuda.device_count(), len(gpus()))")
 for value in (None, "", "0", "1,0"):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}

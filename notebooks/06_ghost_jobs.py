@@ -138,8 +138,8 @@ print(f"launcher killed; node processes still alive: {[p for p in nodes if runni
 # agent.
 
 # %%
-from kosmoss.paths import runs_root
-from kosmoss.records import read_processes
+from kosmoss.core.paths import runs_root
+from kosmoss.launch.records import read_processes
 
 
 def recorded_pids():
@@ -252,7 +252,7 @@ else:
 # `kosmoss ghosts`.
 
 # %%
-from kosmoss.environment import gpus
+from kosmoss.devices.environment import gpus
 
 if gpus():
     sh(["nvitop", "--once"])

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from kosmoss import paths
+from kosmoss.core import paths
 from kosmoss.launch import free_port
 from kosmoss.lessons import quiet_lightning, script, sh, scratch_folder
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from IPython.display import Image, display
 
-from kosmoss.cpus import available_cores, cores_per_process
+from kosmoss.devices.cpus import available_cores, cores_per_process
 from kosmoss.data import presets
 from kosmoss.lessons import quiet_lightning, sh, scratch_folder
 from kosmoss.model import LitMLP

@@ -312,7 +312,7 @@ assert overlapped
 # global batch.
 
 # %%
-from kosmoss import projection
+from kosmoss.scaling import projection
 
 BATCH, STEPS = 256, 20 if quick() else 60
 sh([sys.executable, "-m", "kosmoss", "project", "--batch-size", str(BATCH), "--devices", "1",

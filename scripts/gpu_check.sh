@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path of kosmoss, proven in one call on a GPU machine with no package registry
-# (issue 14, docs/gpu.md). From the repository root:
+# (docs/gpu.md). From the repository root:
 #
 #   bash scripts/gpu_wheels.sh                     # here, after every change to kosmoss/
 #   bash scripts/gpu_check.sh --dry-run            # here, on CPU: the plan; every file checked
@@ -493,7 +493,7 @@ def targets(path):
     rows = bench_rows(path)
     if not rows:
         return []
-    out = ["", "## Targets of issue 14", ""]
+    out = ["", "## Targets", ""]
     gpu = rows.get("kosmoss-gpu", {})
     if gpu.get("ratio") is not None:
         out.append(f"- kosmoss on 1 GPU ÷ raw CUDA loop, data on the GPU: {gpu['ratio']:.2f} "
@@ -506,7 +506,7 @@ def targets(path):
     for row in rows.values():
         if row.get("device") == "gpu" and row.get("predicted_over_measured") is not None:
             ratio = row["predicted_over_measured"]
-            out.append(f"- Issue 16, {row['id']}: predicted {row['predicted_samples_per_s']:,.0f}"
+            out.append(f"- {row['id']}: predicted {row['predicted_samples_per_s']:,.0f}"
                        f" ÷ measured {row['samples_per_s']:,.0f} samples/s = {ratio:.2f} "
                        f"(target 0.75-1.25: {'met' if 0.75 <= ratio <= 1.25 else 'missed'}).")
     out.append("- Why each figure is what it is: to be written by whoever commits this report.")
@@ -727,7 +727,7 @@ def ghost(scratch):
             figure_file.write_text("no rank of the torchrun run appeared on the GPU within "
                                    f"120 s (NVML pids from another namespace?); log: {tail}")
             return 1
-        # Its process record (kosmoss.records) makes it part of a run: then it is a ghost.
+        # Its process record (kosmoss.launch.records) makes it part of a run: then it is a ghost.
         runs = Path(os.environ["KOSMOSS_HOME"]) / "runs"
         wait_for(lambda: list(runs.glob(f"*/processes/*-{rank}.json")), 60)
         time.sleep(3)  # a few steps: the rank is training, not starting

@@ -37,7 +37,7 @@ class RandomSource:
 
 # How long multi-process tests wait for processes to start (import torch and Lightning, meet
 # in a group). Quiet, it takes seconds; at load 10-14 on 2 cores a rank took over 2 minutes
-# (2026-11-25), and the tests must still pass there (issue 13).
+# (2026-11-25), and the tests must still pass there.
 STARTUP_TIMEOUT_S = 600
 # pytest-timeout's limit for slow tests (tests/conftest.py): past the start-up wait, so
 # a slow start-up fails with the test's own message and log tail, not a bare timeout.

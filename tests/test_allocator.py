@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # hblkhd counts the bytes in blocks it mapped on their own, which it unmaps on free.
 PROBE = """
 import ctypes, sys
-from kosmoss.allocator import pin_malloc_thresholds
+from kosmoss.run.allocator import pin_malloc_thresholds
 pinned = pin_malloc_thresholds() if sys.argv[1] == "pin" else False
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",

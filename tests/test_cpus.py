@@ -1,6 +1,6 @@
 import pytest
 
-from kosmoss import cpus
+from kosmoss.devices import cpus
 
 
 @pytest.mark.parametrize("cores, processes, workers", [

@@ -3,7 +3,7 @@ import inspect
 
 from torch.nn.parallel import DistributedDataParallel
 
-from kosmoss.devices import sharing
+from kosmoss.devices.policy import sharing
 from kosmoss.engines.ddp import DDPEngine, no_buffer_sync_per_step
 
 

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from kosmoss import devices
-from kosmoss.devices import DevicePolicy, MachineGpu, decide, gpu_for_local_rank, sharing, to_numpy
-from kosmoss.errors import UsageError
+from kosmoss.core.errors import UsageError
+from kosmoss.devices import policy as devices
+from kosmoss.devices.policy import (DevicePolicy, MachineGpu, decide, gpu_for_local_rank, sharing,
+                                    to_numpy)
 
 # machine setting, machine index, run asks, GPUs visible -> gpu?, index, warnings
 TABLE = [

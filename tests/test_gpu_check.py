@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import List
 
 import pytest
-
 from helpers import REPO
 
 SCRIPTS = REPO / "scripts"
@@ -140,7 +139,7 @@ def test_a_missing_wheel_is_named_with_the_command_that_fetches_it(tmp_path, whe
 
 @pytest.mark.parametrize("how", ["changed", "left_out"])
 def test_a_kosmoss_wheel_older_than_the_checkout_is_refused(tmp_path, wheels, how):
-    module = "kosmoss/paths.py"
+    module = "kosmoss/core/paths.py"
     write_kosmoss_wheel(wheels, **{how: module})
     words = (module + " differs",) if how == "changed" else (module + " is missing",)
     one_line_error(gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels)),

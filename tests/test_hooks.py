@@ -3,7 +3,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from kosmoss.hooks import PER_BATCH_HOOKS, LeanCallback, used_hooks
+from kosmoss.run.lean import PER_BATCH_HOOKS, LeanCallback, used_hooks
 
 
 class Counts(LeanCallback):

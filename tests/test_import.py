@@ -16,7 +16,7 @@ def test_import_has_no_side_effects(tmp_path):
 
 
 def test_home_follows_the_environment(monkeypatch, tmp_path):
-    from kosmoss import paths
+    from kosmoss.core import paths
 
     monkeypatch.setenv("KOSMOSS_HOME", str(tmp_path))
     assert paths.runs_root() == tmp_path / "runs"

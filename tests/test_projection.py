@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from kosmoss import projection
 from kosmoss.commands import project as project_command
-from kosmoss.errors import UsageError
-from kosmoss.projection import Cluster, Link, ModelShape, StepProfile
+from kosmoss.core.errors import UsageError
+from kosmoss.scaling import projection
+from kosmoss.scaling.projection import Cluster, Link, ModelShape, StepProfile
 
 MB = 1e6
 LINK = Link("test", latency_s=10e-6, bandwidth_Bps=1e9, source="test")

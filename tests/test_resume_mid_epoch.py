@@ -7,8 +7,8 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.model import LitMLP
+from kosmoss.run.datamodule import RunDataModule
 from kosmoss.run.preemption import STOP_SIGNALS, StopOnSignal
 
 TOTAL_STEPS = 22  # 13 batches per epoch: stops fall in epochs 0 and 1
@@ -40,7 +40,7 @@ class FirstStep(pl.Callback):
 def _fit(dataset, steps, callbacks=(), ckpt_path=None):
     pl.seed_everything(7, verbose=False)
     model = LitMLP(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics())
-    datamodule = FlattenedDataModule(dataset, batch_size=64, seed=1)
+    datamodule = RunDataModule(dataset, batch_size=64, seed=1)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, use_distributed_sampler=False,

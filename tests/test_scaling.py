@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from kosmoss.errors import ConfigError, UsageError
+from kosmoss.core.errors import ConfigError, UsageError
 from kosmoss.run.flags import in_flag_terms
-from kosmoss.scaling import plan
+from kosmoss.scaling.arithmetic import plan
 
 
 def test_per_device_batch_and_linear_rule():
@@ -42,7 +42,7 @@ def test_arithmetic_is_printed_in_full():
 
 
 def test_warmup_ramps_from_the_base_rate_to_the_scaled_rate():
-    from kosmoss.scaling import warmup_factor
+    from kosmoss.scaling.arithmetic import warmup_factor
 
     p = plan(512, 1e-3, "linear", devices_per_node=4, warmup_steps=10)
     start = p.base_lr / p.lr

@@ -1,7 +1,7 @@
 """An experiment, not product code, kept as it was run (it led to kosmoss.run.chunks):
 kosmoss's own run (trainup_cpu.py) with K optimizer steps per Lightning batch, against the
 bench's raw loop and the run with one step a batch, in interleaved rounds of separate
-processes (issue 19, docs/benchmarks.md, 2026-11-26).
+processes (docs/bench/2026-11-26-midday.md).
 
     python docs/bench/2026-11-26-steps-per-batch.py --dataset small --batch-size 256 \
         --steps 1000 --rounds 3 --per-batch 8 32

@@ -14,7 +14,7 @@
 - ``fabric``: the raw loop itself with its model and Adam set up by Lightning Fabric
   (``Fabric(devices=1)``, 32-true; bf16 stays the loop's own autocast) and its backward
   through ``fabric.backward``: what a training loop of one's own on Fabric, Lightning's
-  strategies and precision under it, pays over the limit (issue 19's lever left);
+  strategies and precision under it, pays over the limit (the lever left at small batches);
 - ``loader-course``: the original course's loader, one memmap opened per sample;
 - ``loader-kosmoss``: :class:`FlattenedDataset`'s batched reads of the same batches.
 
@@ -36,14 +36,16 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..allocator import pin_malloc_thresholds
-from ..cli_support import OneLineParser
+from ..core.commandline import OneLineParser
+from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
 from ..data.store import PreparedDataset, open_dataset
-from ..memory import peak_host_rss_mib
-from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
+from ..devices.memory import peak_host_rss_mib
 from ..model import LitMLP
-from ..throughput import StepClock
+from ..run.lean import LeanLitMLP
+from ..run.allocator import pin_malloc_thresholds
+from ..run.throughput import StepClock
+
 WHAT = ("raw", "lightning", "fabric", "loader-course", "loader-kosmoss")
 LOADER_MIN_S = 1.0
 
@@ -86,8 +88,10 @@ def limit_setup(prepared: PreparedDataset, batch_size: int, device: torch.device
     x, y = (t.to(device) for t in data.read(train_idx))
     val_x, val_y = (t.to(device) for t in data.read(val_idx))
     torch.manual_seed(seed)
-    model = LitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, lr=DEFAULT_LR,
-                   stats=prepared.statistics()).to(device)
+    # As the run path trains it (kosmoss.run.lean): the Lightning row's step costs what
+    # kosmoss's does, and its train_loss is not logged under barebones.
+    model = LeanLitMLP(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, lr=DEFAULT_LR,
+                       stats=prepared.statistics()).to(device)
     # Positions in x follow train_idx (sorted), so this is the batch order of a kosmoss run.
     sampler = RankBatchSampler(np.arange(len(train_idx)), batch_size, seed=seed)
     return Limit(x, y, val_x, val_y, model, sampler)
@@ -195,7 +199,7 @@ def lightning_loop(prepared: PreparedDataset, batch_size: int, steps: int, devic
                          devices=1, max_steps=steps + 1, max_epochs=-1, callbacks=[timer],
                          precision="bf16-mixed" if bf16 else "32-true",
                          use_distributed_sampler=False)
-    # LitMLP's training step is the raw loop's (barebones: log_every_n_steps=0, no self.log).
+    # LeanLitMLP's training step is the raw loop's (barebones: log_every_n_steps=0, no log).
     trainer.fit(limit.model, train_dataloaders=loader)
     return _loop_figures(timer.clock, timer.curve, trainer.global_step)
 

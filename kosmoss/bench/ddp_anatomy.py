@@ -42,8 +42,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..cli_support import OneLineParser
-from ..cpus import available_cores
+from ..core.commandline import OneLineParser
+from ..devices.cpus import available_cores
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
           out: str, device_name: str = "cpu") -> None:
     import torch.distributed as dist
 
-    from ..allocator import pin_malloc_thresholds
+    from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
     from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
     from ..data.store import open_dataset
-    from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
-    from ..launch import leave_rank, write_result
+    from ..launch.spawn import leave_rank, write_result
     from ..model import LitMLP
-    from ..throughput import StepClock
+    from ..run.allocator import pin_malloc_thresholds
+    from ..run.throughput import StepClock
 
     pin_malloc_thresholds()
     torch.set_num_threads(variant.threads_per_rank or max(1, available_cores() // variant.ranks))
@@ -141,12 +141,12 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
 
 def _flat_all_reduce(grads: List[torch.Tensor], ranks: int) -> None:
     import torch.distributed as dist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    from ..run.lightning_private import flatten, unflatten
 
-    flat = _flatten_dense_tensors(grads)
+    flat = flatten(grads)
     dist.all_reduce(flat)
     flat /= ranks
-    for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+    for grad, summed in zip(grads, unflatten(flat, grads)):
         grad.copy_(summed)
 
 
@@ -154,7 +154,8 @@ def measure(variant: Variant, dataset: Path, batch_size: int, steps: int,
             device: str = "cpu") -> dict:
     """Samples/s of the whole world (rank 0's clock: DDP keeps the ranks in step), and
     DDP's bucket sizes in bytes after its rebuild."""
-    from ..launch import free_port, spawn_for_result
+    from ..launch.ports import free_port
+    from ..launch.spawn import spawn_for_result
 
     with tempfile.TemporaryDirectory(prefix="kosmoss-anatomy-") as scratch:
         out = str(Path(scratch) / "rank0.json")

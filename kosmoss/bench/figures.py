@@ -8,7 +8,7 @@ to the limit, scaling efficiency, time to the target loss, and the checks.
   a minute, and a ratio of two medians would carry that drift;
 - scaling efficiency of an N-rank row: its samples/s ÷ (N × its 1-rank row's), paired the
   same way;
-- predicted samples/s of a multi-rank DDP row: :mod:`kosmoss.projection`'s cost model fed
+- predicted samples/s of a multi-rank DDP row: :mod:`kosmoss.scaling.projection`'s cost model fed
   with the 1-rank row of the same run and a ``kosmoss comm`` measurement of the row's
   topology taken by the bench; ``predicted_over_measured`` = predicted ÷ measured;
 - target loss of a device (cpu, gpu): ``TARGET_MARGIN`` × the final validation loss of
@@ -142,7 +142,7 @@ EXTRA_FAULTS_MAX = 256  # pages (1 MiB) a step: one batch buffer re-faulted is 1
 
 
 def _extra_page_faults(rows: Dict[str, dict]) -> Optional[float]:
-    """Minor page faults per step of kosmoss beyond the raw loop's (kosmoss.throughput)."""
+    """Minor page faults per step of kosmoss beyond the raw loop's (kosmoss.run.throughput)."""
     kosmoss = _row_figure(rows, "kosmoss-cpu", "page_faults_per_step")
     raw = _row_figure(rows, "raw-cpu", "page_faults_per_step")
     return None if kosmoss is None or raw is None else kosmoss - raw

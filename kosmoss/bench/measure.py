@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..launch import end_groups
+from ..launch.lifetime import end_groups
 from .setups import PACKAGE_PARENT, Plan, Setup, command, environment, last_line
 
 # Variables of a launcher that may have started the bench itself: its rows start their own.
@@ -73,9 +73,9 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "val_loss": result.get("val_loss"),
         "peak_host_mib": _max(result.get("peak_host_rss_mib")),
         "peak_gpu_mib": _max(result.get("peak_gpu_mib")),
-        # Minor page faults per timed step (the most of any rank): kosmoss.throughput.
+        # Minor page faults per timed step (the most of any rank): kosmoss.run.throughput.
         "page_faults_per_step": _max_of_any(result.get("page_faults_per_step")),
-        # How much a step jitters (std ÷ mean), the most of any rank: kosmoss.throughput.
+        # How much a step jitters (std ÷ mean), the most of any rank: kosmoss.run.throughput.
         "step_time_cv": _max_of_any(result.get("step_time_cv")),
         # A 1-process run with several steps a loop step: the loop's cost once per chunk.
         "loop_step_s": result.get("loop_step_s"),

@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 from rich.console import Group
 from rich.table import Table
 
-from ..files import atomic_write_with
+from ..core.files import atomic_write_with
 from .figures import TARGET_MARGIN
 
 OUTPUTS = ("bench.json", "bench.csv", "bench.png")
@@ -93,7 +93,7 @@ def _caption(bench: dict) -> str:
     goals = "; ".join(f"{device}: {t['val_loss']:.4g} ({TARGET_MARGIN} × {t['reference']})"
                       for device, t in bench["targets"].items())
     goals = goals or "none (no 1-process kosmoss row)"
-    return ("predicted: kosmoss.projection's cost model from the 1-rank row and this bench's "
+    return ("predicted: kosmoss.scaling.projection's cost model from the 1-rank row and this bench's "
             "kosmoss comm run (docs/scaling.md); pred/meas: predicted ÷ samples/s. "
             "ratio: samples/s ÷ the vs row's, eff.: samples/s ÷ (ranks × the 1-rank row's), each "
             "the median of the repeats paired one by one (their range in brackets). "

@@ -7,7 +7,7 @@ load hit every row alike instead of one row's whole series.
 Prediction (:func:`predict_rows`): for each measured multi-rank DDP row, a short
 ``kosmoss comm`` run of the row's topology (its ranks and simulated nodes, gloo, the
 row's device, sizes around the model's gradient buckets) and the 1-rank row measured in
-this bench feed :func:`kosmoss.projection.predict`.
+this bench feed :func:`kosmoss.scaling.projection.predict`.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ COMM_REPEATS = 60  # single all-reduces after compute: their mean is what a step
 COMM_TIMEOUT_S = 300.0
 ANATOMY_STEPS = 300  # raw-loop steps per line of the shared-GPU split (a few ms each)
 PREDICTION_MODEL = (
-    "kosmoss.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
+    "kosmoss.scaling.projection: per-rank compute = the framework's fixed cost (the 1-rank row's "
     "step - the raw loop's, plus the Lightning loop that row ran once per K steps and a "
     "rank runs every step: its loop_step_s x (1 - 1/K); once a step, scaled by neither "
     "batch nor share) + the rest of "
@@ -108,14 +108,14 @@ class ThreadProbes:
         self.found: Dict[str, List[float]] = {}
 
     def keys(self) -> List[Tuple[int, int]]:
-        from ..cpus import available_cores
+        from ..devices.cpus import available_cores
 
         cpu_rows = [s for s in self.setups if s.device == "cpu" and s.ranks > 1 and not s.horovod]
         return [(self.plan.batch_size, available_cores())] if cpu_rows else []
 
     def measure(self) -> None:
         from ..data.store import open_dataset
-        from ..projection import thread_speedup
+        from ..scaling.projection import thread_speedup
 
         for batch, threads in self.keys():
             prepared = open_dataset(self.plan.dataset, verify=False)
@@ -139,7 +139,7 @@ def predict_rows(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out
     if not wanted:
         return context
     from ..data.store import open_dataset
-    from ..projection import mlp_shape
+    from ..scaling.projection import mlp_shape
 
     prepared = open_dataset(plan.dataset, verify=False)
     shape = mlp_shape(prepared.n_x, n_y=prepared.n_y)
@@ -184,7 +184,7 @@ def row_topology(setup: Setup) -> Tuple[int, int, str]:
 
 def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir: Path,
                  context: dict, echo: Callable[[str], None]) -> dict:
-    from ..projection import Cluster, links_from_comm, predict, profile_from_reference
+    from ..scaling.projection import Cluster, links_from_comm, predict, profile_from_reference
 
     if setup.horovod:
         raise PredictionMissing("Horovod: its fusion buffer and cycle time are not DDP's "
@@ -270,8 +270,8 @@ def _measured(name: str, argv: List[str], setup: Setup, out_dir: Path, log: Path
 def _ddp_cost(batch: int, ranks: int, shape, context: dict) -> float:
     """DDP's own cost a step on a CPU rank of ``batch`` rows (projection.ddp_overhead_s),
     measured once per batch and thread count."""
-    from ..cpus import cores_per_process
-    from ..projection import ddp_overhead_s
+    from ..devices.cpus import cores_per_process
+    from ..scaling.projection import ddp_overhead_s
 
     threads = cores_per_process(ranks)
     costs = context.setdefault("ddp_overhead_s", {})
@@ -307,8 +307,8 @@ def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,
     GPU the ranks share. CPU rows: cores as they perform now (thread_speedup), in units of
     one thread: the 1-rank row's threads (Lightning gives a lone process every core)
     against each rank's (this host's cores split over the ranks)."""
-    from ..cpus import available_cores, cores_per_process
-    from ..projection import thread_speedup
+    from ..devices.cpus import available_cores, cores_per_process
+    from ..scaling.projection import thread_speedup
 
     if gpu:
         return 1.0, 1.0 / setup.ranks

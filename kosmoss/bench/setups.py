@@ -158,8 +158,8 @@ def horovod_missing() -> Optional[str]:
 
 def scripts_root() -> Optional[Path]:
     """Where trainup_*.py are: the checkout, or the copy installed with kosmoss."""
-    from ..errors import UsageError
-    from ..lessons import source_root
+    from ..core.errors import UsageError
+    from ..lessons.course import source_root
 
     try:
         return source_root()

@@ -1,9 +1,9 @@
-"""Lightning's fixed cost per training step, alone: LitMLP with next to no arithmetic (one
+"""Lightning's fixed cost per training step, alone: the model with next to no arithmetic (one
 input, one hidden unit, one output, batch 1), its steps run by a plain loop, by
 ``Trainer(barebones=True)`` in a few ways and by kosmoss's own run path, each timed over
 the same number of steps.
 What is left above the plain loop is the framework's per-step Python: its loop, hook
-dispatch, optimizer closure, DataLoader and fetcher (docs/benchmarks.md, issue 19).
+dispatch, optimizer closure, DataLoader and fetcher (docs/benchmarks.md).
 
     python -m kosmoss.bench.step_cost --steps 2000 --repeats 3
 
@@ -11,18 +11,20 @@ Variants, interleaved repeat by repeat:
 
 - ``plain``: the loop written out (batch from a list, forward, MSE, zero_grad, backward,
   Adam), no DataLoader;
-- ``lightning``: LitMLP as kosmoss ships it, automatic optimisation, as kosmoss's Trainer
-  runs it: :class:`~kosmoss.run.profiler.NoProfiler`, batches from a
-  :class:`~kosmoss.data.datamodule.BatchLoader`;
+- ``lightning``: the model as kosmoss's run path trains it (:class:`~kosmoss.run.lean.LeanLitMLP`),
+  automatic optimisation, as kosmoss's Trainer runs it: :class:`~kosmoss.run.lean.NoProfiler`,
+  batches from a :class:`~kosmoss.data.datamodule.BatchLoader`;
 - ``lightning, torch DataLoader``: the same batches through torch's DataLoader (what the
   BatchLoader saves);
 - ``lightning, stock profiler``: the same with Lightning's default ``PassThroughProfiler``
   (what NoProfiler saves);
-- ``lightning, nn.Module.__setattr__``: the same with LitMLP's shortcut for Lightning's
+- ``lightning, nn.Module.__setattr__``: the same with LeanLitMLP's shortcut for Lightning's
   hook name removed (what that shortcut saves);
+- ``lightning, inspected training_step``: the same with a training_step Lightning inspects
+  every step (what its ``__signature__`` saves);
 - ``lightning, 8 more callbacks``: the same with 8 callbacks that override nothing
   (Lightning calls each of a step's hooks on every callback: what one callback costs);
-- ``lightning, 8 more LeanCallbacks``: the same 8 as :class:`kosmoss.hooks.LeanCallback`
+- ``lightning, 8 more LeanCallbacks``: the same 8 as :class:`kosmoss.run.lean.LeanCallback`
   (what a callback costs when Lightning skips the hooks it does not use);
 - ``lightning, manual optimisation``: the step calls ``manual_backward`` and the
   optimizer itself (what automatic optimisation costs; LitMLP keeps automatic: learners
@@ -31,9 +33,14 @@ Variants, interleaved repeat by repeat:
 - ``lightning, Trainer not barebones``: the same in a Trainer built as usual with its
   logger, checkpointing, progress bar, summary and sanity check off (what the full loop
   costs before anything is logged or saved: kosmoss runs this loop);
+- ``lightning, not barebones, textbook LitMLP``: that Trainer with the lesson's LitMLP,
+  none of the run path's trims to the model, ``train_loss`` logged every step (what
+  LeanLitMLP's three trims save together);
+- ``lightning, ModelCheckpoint`` / ``lightning, LeanModelCheckpoint``: that Trainer with a
+  checkpoint callback that saves at the end only (what LeanModelCheckpoint saves a step);
 - ``fabric``: the plain loop's step with the model and optimizer set up by Lightning
   Fabric, its backward through ``fabric.backward`` (what a run path on Fabric, its own
-  loop under Lightning's strategies and precision, would pay: issue 19's lever left);
+  loop under Lightning's strategies and precision, would pay: the lever left at small batches);
 - ``fabric, with kosmoss's loader, step and loggers``: kosmoss's pieces that need no
   Trainer on a Fabric loop (the data module's loader on the dataset below, LitMLP's
   training step, its logging through Fabric's TensorBoard and CSV loggers every 50 steps):
@@ -47,7 +54,9 @@ Variants, interleaved repeat by repeat:
   optimizer step per step of Lightning's loop (what the chunks save);
 - ``kosmoss, without ...``: the same run with one part patched out (the logging of
   ``train_loss``, the loggers, the per-batch hooks of Heartbeat and StopOnSignal): what
-  that part costs a step.
+  that part costs a step;
+- ``kosmoss, train_loss logged every step``: the same run with LeanLitMLP's logging rule
+  off (what logging only on the loggers' steps saves).
 """
 from __future__ import annotations
 
@@ -69,28 +78,33 @@ from lightning_fabric import Fabric
 from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from ..cli_support import OneLineParser
+from ..core.commandline import OneLineParser
 from ..data.datamodule import BatchLoader, FlattenedDataModule
 from ..data.sources import SyntheticSource
-from ..data.store import PreparedDataset, prepare as prepare_dataset
+from ..data.store import PreparedDataset
+from ..data.store import prepare as prepare_dataset
 from ..diagnose.heartbeat import Heartbeat
-from ..hooks import LeanCallback, used_hooks
-from ..lessons import quiet_lightning
+from ..lessons.course import quiet_lightning
 from ..model import LitMLP
 from ..run.config import RunConfig
+from ..run.lean import LeanCallback, LeanLitMLP, LeanModelCheckpoint, NoProfiler, used_hooks
 from ..run.plan import prepare
 from ..run.preemption import StopOnSignal
-from ..run.profiler import NoProfiler
+from ..run.throughput import StepClock
 from ..run.train import LOG_EVERY_N_STEPS, train
-from ..throughput import StepClock
 from .baselines import RowsInMemory, on_fabric
 
 
-class StockSetattr(LitMLP):
+class StockSetattr(LeanLitMLP):
     __setattr__ = torch.nn.Module.__setattr__  # nn.Module's checks for every attribute
 
 
-class ManualStep(LitMLP):
+class InspectedStep(LeanLitMLP):
+    def training_step(self, batch, batch_idx):  # no __signature__: inspected every step
+        return self._common_step(batch, "train")
+
+
+class ManualStep(LeanLitMLP):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.automatic_optimization = False
@@ -104,7 +118,7 @@ class ManualStep(LitMLP):
         return loss
 
 
-def tiny(cls=LitMLP) -> LitMLP:
+def tiny(cls=LeanLitMLP) -> LitMLP:
     torch.manual_seed(0)
     return cls(1, (1,), 1)
 
@@ -162,20 +176,24 @@ FULL_TRAINER = dict(logger=False, enable_checkpointing=False, enable_progress_ba
 
 
 def in_lightning(cls, extra_callbacks: int = 0, lean: bool = True, torch_loader: bool = False,
-                 extra=NoHooks, barebones: bool = True) -> Callable[[int], float]:
+                 extra=NoHooks, barebones: bool = True, checkpoint=None) -> Callable[[int], float]:
     def run(steps: int) -> float:
         x = torch.randn(steps, 1, generator=torch.Generator().manual_seed(0))
         rows, batches = RowsInMemory(x, x.clone()), [np.array([i]) for i in range(steps)]
         loader = (DataLoader(rows, batch_size=None, sampler=batches) if torch_loader
                   else BatchLoader(rows, batches))
         timer = StepTimer()
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1,
-                             callbacks=[timer] + [extra() for _ in range(extra_callbacks)],
-                             use_distributed_sampler=False,
-                             **(dict(barebones=True) if barebones else FULL_TRAINER))
-        if lean:  # barebones refuses any profiler argument, so it is swapped in afterwards
-            trainer.profiler = NoProfiler()
-        trainer.fit(tiny(cls), train_dataloaders=loader)
+        callbacks = [timer] + [extra() for _ in range(extra_callbacks)]
+        options = dict(barebones=True) if barebones else dict(FULL_TRAINER)
+        with tempfile.TemporaryDirectory(prefix="kosmoss-step-cost-") as folder:
+            if checkpoint is not None:  # saves once, at the end of the one epoch
+                callbacks.append(checkpoint(dirpath=folder, save_last=True))
+                options["enable_checkpointing"] = True
+            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks,
+                                 use_distributed_sampler=False, **options)
+            if lean:  # barebones refuses any profiler argument, so it is swapped in afterwards
+                trainer.profiler = NoProfiler()
+            trainer.fit(tiny(cls), train_dataloaders=loader)
         return seconds_per_step(timer.clock)
     return run
 
@@ -184,9 +202,13 @@ KOSMOSS_COLUMNS = 200  # two levels: 160 training batches of 1 an epoch, 20 to v
 
 # What a kosmoss variant leaves out, each a patch scoped to that variant's run.
 LEFT_OUT = {
-    "train_loss logging": lambda: mock.patch.object(LitMLP, "_logs_this_step", lambda self: False),
+    "train_loss logging": lambda: mock.patch.object(LeanLitMLP, "logs_train_loss_now",
+                                                    lambda self: False),
+    # Every step, as the textbook LitMLP logs (its progress-bar rule kept).
+    "the logging rule": lambda: mock.patch.object(LeanLitMLP, "logs_train_loss_now",
+                                                  lambda self: True),
     "loggers": lambda: mock.patch("kosmoss.run.train.run_loggers", lambda plan: False),
-    # A per-batch hook set to None is one Lightning skips (kosmoss.hooks): the callbacks stay,
+    # A per-batch hook set to None is one Lightning skips (kosmoss.run.lean): the callbacks stay,
     # their per-step work goes. The meter's hook stays: it is the clock.
     "heartbeat and stop-signal hooks": lambda: _per_batch_hooks_off(Heartbeat, StopOnSignal),
 }
@@ -224,7 +246,7 @@ def in_kosmoss(*left_out: str, steps_per_execution: Optional[int] = None
 
 def kosmoss_on_fabric(steps: int, home: Path) -> float:
     """kosmoss's pieces that need no Trainer, on a loop of Fabric's: the data module's
-    loader, LitMLP's training step with its ``self.log`` (Fabric hands it to its TensorBoard
+    loader, LeanLitMLP's training step with its ``self.log`` (Fabric hands it to its TensorBoard
     and CSV loggers) on kosmoss's log steps. Seconds per step; the logs stay in ``home``."""
     data = two_levels(home / "two-levels")
     module = FlattenedDataModule(data, batch_size=1, mode="controlled")
@@ -233,17 +255,17 @@ def kosmoss_on_fabric(steps: int, home: Path) -> float:
                     loggers=[TensorBoardLogger(home, name="tensorboard", version=""),
                              CSVLogger(home, name="csv", version="")])
     torch.manual_seed(0)
-    model = LitMLP(data.n_x, (1,), data.n_y, stats=data.statistics())
+    model = LeanLitMLP(data.n_x, (1,), data.n_y, stats=data.statistics())
     model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
     clock, done = StepClock(), 0
 
     def logs_this_step(self) -> bool:
-        # LitMLP asks the Trainer which steps log; under Fabric there is none (it would log
+        # LeanLitMLP asks the Trainer which steps log; under Fabric there is none (it would log
         # every step), so the variant applies kosmoss's rule itself: the first and every 50th
         # (an epoch here has 160 batches).
         return done == 0 or (done + 1) % LOG_EVERY_N_STEPS == 0
 
-    with mock.patch.object(LitMLP, "_logs_this_step", logs_this_step):
+    with mock.patch.object(LeanLitMLP, "logs_train_loss_now", logs_this_step):
         while done <= steps:
             for batch_idx, batch in enumerate(module.train_dataloader()):
                 loss = model.training_step(batch, batch_idx)
@@ -267,14 +289,21 @@ def on_fabric_in_a_temporary_home(steps: int) -> float:
 
 VARIANTS: Dict[str, Callable[[int], float]] = {
     "plain": plain,
-    "lightning": in_lightning(LitMLP),
-    "lightning, torch DataLoader": in_lightning(LitMLP, torch_loader=True),
-    "lightning, stock profiler": in_lightning(LitMLP, lean=False),
+    "lightning": in_lightning(LeanLitMLP),
+    "lightning, torch DataLoader": in_lightning(LeanLitMLP, torch_loader=True),
+    "lightning, stock profiler": in_lightning(LeanLitMLP, lean=False),
     "lightning, nn.Module.__setattr__": in_lightning(StockSetattr),
-    "lightning, 8 more callbacks": in_lightning(LitMLP, extra_callbacks=8),
-    "lightning, 8 more LeanCallbacks": in_lightning(LitMLP, extra_callbacks=8, extra=LeanNoHooks),
+    "lightning, inspected training_step": in_lightning(InspectedStep),
+    "lightning, 8 more callbacks": in_lightning(LeanLitMLP, extra_callbacks=8),
+    "lightning, 8 more LeanCallbacks": in_lightning(LeanLitMLP, extra_callbacks=8,
+                                                    extra=LeanNoHooks),
     "lightning, manual optimisation": in_lightning(ManualStep),
-    "lightning, Trainer not barebones": in_lightning(LitMLP, barebones=False),
+    "lightning, Trainer not barebones": in_lightning(LeanLitMLP, barebones=False),
+    "lightning, not barebones, textbook LitMLP": in_lightning(LitMLP, barebones=False),
+    "lightning, ModelCheckpoint": in_lightning(
+        LeanLitMLP, barebones=False, checkpoint=pl.callbacks.ModelCheckpoint),
+    "lightning, LeanModelCheckpoint": in_lightning(
+        LeanLitMLP, barebones=False, checkpoint=LeanModelCheckpoint),
     "fabric": partial(plain, fabric=True),
     "fabric, with kosmoss's loader, step and loggers": on_fabric_in_a_temporary_home,
     "kosmoss, as trainup runs it": in_kosmoss(),
@@ -282,6 +311,7 @@ VARIANTS: Dict[str, Callable[[int], float]] = {
     "kosmoss, without train_loss logging": in_kosmoss("train_loss logging"),
     "kosmoss, without loggers": in_kosmoss("loggers"),
     "kosmoss, without heartbeat/stop hooks": in_kosmoss("heartbeat and stop-signal hooks"),
+    "kosmoss, train_loss logged every step": in_kosmoss("the logging rule", steps_per_execution=1),
 }
 
 
@@ -307,7 +337,7 @@ def report(found: Dict[str, List[float]]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = OneLineParser(prog="python -m kosmoss.bench.step_cost",
-                                     description=__doc__.split("\n\n")[0])
+                           description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)

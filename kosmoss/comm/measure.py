@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable, List, Optional
 
-from ..errors import UsageError
-from . import figures
+from ..core.errors import UsageError
+from ..scaling import allreduce as figures
 from .ranks import CommPlan, plan_as_dict, run
 
 DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 2
@@ -26,7 +26,7 @@ def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "
     model compute (kosmoss.comm.ranks)."""
     import torch
 
-    from ..cpus import cores_per_process
+    from ..devices.cpus import cores_per_process
 
     _check_counts(ranks, nodes, repeats, warmup)
     if not 0 <= compute_s <= MAX_COMPUTE_S:
@@ -83,7 +83,7 @@ def _sizes(sizes: Optional[Iterable[int]], max_size: Optional[int]) -> tuple:
 
 def measure(plan: CommPlan, master_port: Optional[int] = None) -> dict:
     """Run the ranks; comm.json: the plan, each group's sizes with their figures, its fit."""
-    from ..launch import free_port
+    from ..launch.ports import free_port
 
     started = datetime.now().astimezone()
     times = run(plan, master_port or free_port())

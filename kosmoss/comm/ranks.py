@@ -63,7 +63,7 @@ class CommPlan:
 
 def run(plan: CommPlan, master_port: int) -> Dict[str, List[List[float]]]:
     """Start the ranks, wait for them; per group, per size, the repeats' times (seconds)."""
-    from ..launch import spawn_for_result
+    from ..launch.spawn import spawn_for_result
 
     with tempfile.TemporaryDirectory(prefix="kosmoss-comm-") as scratch:
         result = str(Path(scratch) / "times.json")
@@ -74,7 +74,7 @@ def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None
     import torch
     import torch.distributed as dist
 
-    from ..launch import leave_rank, write_result
+    from ..launch.spawn import leave_rank, write_result
 
     local_rank, node_rank = rank % plan.ranks_per_node, rank // plan.ranks_per_node
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
@@ -201,7 +201,7 @@ def _model_step(compute_s: float, device, group):
     import torch.distributed as dist
 
     from ..model import mlp
-    from .figures import MODEL_SHAPE
+    from ..scaling.allreduce import MODEL_SHAPE
 
     n_x, hidden, n_y = MODEL_SHAPE
     model = mlp(n_x, hidden, n_y).to(device)

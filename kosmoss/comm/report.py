@@ -9,8 +9,8 @@ from typing import Callable, List
 
 from rich.table import Table
 
-from ..files import atomic_write_with
-from .figures import human_size
+from ..core.files import atomic_write_with
+from ..scaling.allreduce import human_size
 
 OUTPUTS = ("comm.json", "comm.csv", "comm.png")
 CSV_COLUMNS = ("group", "ranks", "bytes", "size", "repeats", "time_s", "min_time_s",

@@ -23,8 +23,8 @@ from typing import List, Optional
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_support import command_main
-from ..errors import RunFailed, UsageError
+from ..core.commandline import command_main
+from ..core.errors import RunFailed, UsageError
 
 HELP = ("measure set-ups side by side: the raw PyTorch loop (the limit), 1 process, DDP, "
         "simulated nodes, the loaders, and GPU, bf16 and Horovod where present")
@@ -93,9 +93,9 @@ def bench_command(args: argparse.Namespace) -> None:
 
 
 def _run(args, chosen, out_dir: Path) -> None:
-    from .. import environment
     from ..bench import report
     from ..bench.runner import ThreadProbes, assemble, predict_rows, run_matrix
+    from ..devices import environment
 
     progress = Console(stderr=True, highlight=False)
 
@@ -197,7 +197,7 @@ def check_batches(plan, chosen, *, gpu_rows_run: bool, dataset: str) -> None:
 def output_folder(out: Optional[Path]) -> Path:
     """Where to write; checked before anything runs. Nothing of the user's is overwritten:
     an existing folder must be empty or an earlier bench's."""
-    from .. import paths
+    from ..core import paths
 
     if out is None:
         return paths.runs_root() / f"bench-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"

@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli_support import command_main
-from ..errors import RunFailed, UsageError
+from ..core.commandline import command_main
+from ..core.errors import RunFailed, UsageError
 
 HELP = "check your answers to a lesson's exercises (--list shows them all)"
 
@@ -44,7 +44,8 @@ def check_command(args: argparse.Namespace) -> None:
         return list_exercises(args.json, args.lesson)
     if args.lesson is None:
         raise UsageError("give a lesson (01 .. 08, metrics), e.g. `kosmoss check 03`, or --list")
-    from ..exercises.core import catalogue, find, judge_sources
+    from ..exercises.core import catalogue, find
+    from ..exercises.judging import judge_sources
     from ..exercises.notebook import code_cells, default_notebook, exercise_cell
 
     chosen = catalogue(args.lesson)

@@ -22,8 +22,8 @@ from typing import Optional
 
 from rich.console import Console
 
-from ..cli_support import command_main
-from ..errors import UsageError
+from ..core.commandline import command_main
+from ..core.errors import UsageError
 
 HELP = ("all-reduce microbenchmark over ranks it starts: time, algbw, busbw per size, "
         "latency-bandwidth fit")
@@ -61,8 +61,9 @@ def register(subparsers) -> None:
 
 
 def comm_command(args: argparse.Namespace) -> None:
-    from ..comm import figures, report
+    from ..comm import report
     from ..comm.measure import make_plan, measure
+    from ..scaling import allreduce as figures
 
     sizes = None if args.sizes is None else [figures.parse_size(s, "--sizes") for s in args.sizes]
     max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
@@ -86,7 +87,7 @@ def comm_command(args: argparse.Namespace) -> None:
 def output_folder(out: Optional[Path]) -> Path:
     """Nothing of the user's is overwritten: a folder that holds something must be an
     earlier comm's."""
-    from .. import paths
+    from ..core import paths
 
     if out is None:
         return paths.runs_root() / f"comm-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"

@@ -22,13 +22,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import paths
-from ..cli_support import OneLineParser, command_main
+from ..core import paths
+from ..core.commandline import OneLineParser, command_main
+from ..core.errors import UsageError
 from ..data import presets
-from ..data.presets import DEFAULT_LEVELS, DEFAULT_SEED, DEFAULT_SHARD_SIZE
+from ..data.catalog import DEFAULT_LEVELS, DEFAULT_SEED, DEFAULT_SHARD_SIZE
 from ..data.sources import SyntheticSource
 from ..data.store import clean_leftovers, open_dataset, prepare
-from ..errors import UsageError
 
 HELP = "prepare and inspect datasets"
 SYNTHETIC_FLAGS = {"columns": "--columns", "levels": "--levels", "seed": "--seed"}

@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_support import command_main
+from ..core.commandline import command_main
 
 HELP = "versions, CPU cores, GPUs, distributed backends and the launcher detected"
 
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
 
 
 def env_command(args: argparse.Namespace) -> None:
-    from ..environment import describe
+    from ..devices.environment import describe
 
     facts = describe()
     if args.json:

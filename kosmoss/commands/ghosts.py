@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..cli_support import command_main
-from ..errors import RunFailed, UsageError
-from ..ghosts import (DEFAULT_GRACE_S, Ghost, check_grace, end_ghosts, find_ghosts,
-                      human_bytes, port_is_free)
+from ..core.commandline import command_main
+from ..core.errors import RunFailed, UsageError
+from ..ghosts.end import DEFAULT_GRACE_S, check_grace, end_ghosts
+from ..ghosts.find import Ghost, find_ghosts, human_bytes
+from ..launch.ports import port_is_free
 
 HELP = ("find ghost jobs: ranks that outlived their run, stuck rendezvous, GPU memory and port "
         "holders; --kill ends them")

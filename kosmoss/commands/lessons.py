@@ -8,8 +8,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ..cli_support import command_main
-from ..errors import UsageError
+from ..core.commandline import command_main
+from ..core.errors import UsageError
 
 HELP = "copy the lessons (notebooks, the scripts they run, the documents they cite) into a working folder"
 DEFAULT_DEST = Path("kosmoss-lessons")
@@ -37,12 +37,12 @@ def register(subparsers) -> None:
 
 
 def lessons_command(args: argparse.Namespace) -> None:
-    from ..lessons import bundle, copy_lessons, source_root, to_ipynb
+    from ..lessons.course import bundle, copy_lessons, source_root, to_ipynb
 
     if args.executed is not None and args.site is None:
         raise UsageError("--executed FOLDER: only with --site DIR (the site to build from it)")
     if args.site is not None:
-        from ..site import site_command
+        from ..lessons.site import site_command
 
         site_command(args.site, args.executed)
         return
@@ -61,7 +61,7 @@ def lessons_command(args: argparse.Namespace) -> None:
         print(f"  no .ipynb written, the .py sources instead: jupytext is missing ({INSTALL_HINT}, "
               "then run again)")
     if args.prepare:
-        from ..site import prepare_for_lessons
+        from ..lessons.site import prepare_for_lessons
 
         prepare_for_lessons()
     _print_how_to_open(args.dest)

@@ -1,5 +1,5 @@
 """``kosmoss project``: predicted DDP step time, samples/s and efficiency for N devices per
-node × M nodes (the cost model: kosmoss/projection.py, docs/scaling.md).
+node × M nodes (the cost model: kosmoss/scaling/projection.py, docs/scaling.md).
 
     kosmoss project                                  # step measured here, links measured / presets
     kosmoss project --from ~/.kosmoss/runs/RUN_ID    # a 1-process run's step (result.json)
@@ -24,8 +24,8 @@ from typing import List, Optional
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_support import command_main
-from ..errors import UsageError
+from ..core.commandline import command_main
+from ..core.errors import UsageError
 
 HELP = ("predicted DDP scaling (N devices per node x M nodes): step time, samples/s, "
         "efficiency, communication share, break-even, the dominant assumption")
@@ -35,7 +35,7 @@ ON_THE_SPOT_SIZES = ("256K", "1M", "4M", "8M")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..projection import PRESETS
+    from ..scaling.projection import PRESETS
 
     add = parser.add_argument
     add("--from", dest="source", type=Path, default=None, metavar="PATH",
@@ -80,8 +80,8 @@ def register(subparsers) -> None:
 
 
 def project_command(args: argparse.Namespace) -> None:
-    from .. import projection
-    from ..projection import read_reference
+    from ..scaling import projection
+    from ..scaling.projection import read_reference
 
     _check(args)
     # Everything the user gave is checked before anything is measured.
@@ -122,7 +122,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _links(args: argparse.Namespace, device: str):
     """(intra or None: measure it here, inter) from presets, --comm, or the defaults."""
-    from ..projection import links_from_comm, preset
+    from ..scaling.projection import links_from_comm, preset
 
     measured = (None, None)
     if args.comm is not None:
@@ -150,7 +150,7 @@ def _device(args: argparse.Namespace) -> str:
 
 
 def _cores(args: argparse.Namespace) -> float:
-    from ..cpus import available_cores
+    from ..devices.cpus import available_cores
 
     return float(args.cores or available_cores())
 
@@ -161,7 +161,7 @@ def _overlap(choice: str, cpu: bool) -> bool:
 
 def _profile(args: argparse.Namespace, reference: Optional[dict], device: str):
     """The reference step and the global batch to predict for."""
-    from ..projection import measured_profile, profile_from_reference
+    from ..scaling.projection import measured_profile, profile_from_reference
 
     if reference is not None:
         share = _cores(args) if device == "cpu" else 1.0  # the run had this host's cores
@@ -172,9 +172,9 @@ def _profile(args: argparse.Namespace, reference: Optional[dict], device: str):
 
 def _measured_intra(cpu: bool):
     """The intra-node link of this CPU host: a short 2-rank gloo kosmoss comm."""
-    from ..comm.figures import parse_size
     from ..comm.measure import make_plan, measure
-    from ..projection import links_from_comm
+    from ..scaling.allreduce import parse_size
+    from ..scaling.projection import links_from_comm
 
     Console(stderr=True).print("kosmoss project: measuring this host's all-reduce (kosmoss comm "
                                "--ranks 2, a few seconds); --comm FILE or --intra LINK skips it")
@@ -186,7 +186,7 @@ def _measured_intra(cpu: bool):
 def _result(args, profile, shape, base, rows: List[dict], batch: int) -> dict:
     from dataclasses import asdict
 
-    from ..projection import verdict
+    from ..scaling.projection import verdict
 
     return {"kosmoss_project": 1, "profile": asdict(profile),
             "model": {"gradient_bytes": shape.gradient_bytes,

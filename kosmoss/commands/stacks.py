@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli_support import command_main
-from ..errors import UsageError
+from ..core.commandline import command_main
+from ..core.errors import UsageError
 
 HELP = "the Python stack of every process of a live run, grouped, the odd rank named (py-spy)"
 
@@ -46,7 +46,7 @@ def stacks_command(args: argparse.Namespace) -> None:
     if args.out is None:
         sys.stdout.write(text)
         return
-    from ..files import atomic_write_text
+    from ..core.files import atomic_write_text
 
     atomic_write_text(args.out, text)
     print(f"stacks of run {result.run.run_id} ({len(result.processes)} processes) in {args.out}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_support import command_main
-from ..devices import MachineGpu
-from ..launch import die_with_spawner
+from ..core.commandline import command_main
+from ..devices.policy import MachineGpu
+from ..launch.lifetime import die_with_spawner
 from ..run.flags import add_run_flags, checked_config, flag_names
 
 HELP = "train the MLP on CPU (1 process, DDP over gloo, simulated nodes, or Horovod)"

@@ -14,8 +14,8 @@ import math
 import sys
 import time
 
-from ..cli_support import command_main
-from ..errors import UsageError
+from ..core.commandline import command_main
+from ..core.errors import UsageError
 
 HELP = "per-rank live view of a run: step, samples/s, loss, CPU, memory, GPU; stragglers flagged"
 

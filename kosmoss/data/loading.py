@@ -7,10 +7,9 @@ batch.
 """
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
-
-import mmap
 
 import numpy as np
 import psutil
@@ -30,7 +29,7 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; P
 def map_pages_now(array: np.memmap) -> None:
     """Map every page of ``array`` into this process now, from the page cache (reading
     the file if it is not cached). Otherwise the first epoch maps them as it reads: one
-    fault per 64 KiB, about 1 ms more for each batch of 256 on 2 cores (issue 19), where
+    fault per 64 KiB, about 1 ms more for each batch of 256 on 2 cores (measured 2026-11-25), where
     the bench's raw loop holds its tensors in RAM already. Best effort: an older kernel or
     another OS only reads ahead."""
     handle = getattr(array, "_mmap", None)  # numpy's own mmap object
@@ -68,7 +67,7 @@ def chosen_mode(mode: str, dataset: PreparedDataset, copies: int = 1,
     the GPU trained 2.3-2.6 M samples/s where the host loader fed 0.37 M (batch 16,384,
     docs/gpu/2026-11-26-h200.md): a batch gathered there never crosses PCIe. One tensor is
     gathered with one ``index_select`` each for x and y, as the bench's raw loop does; from
-    8 mapped shards a batch of 256 takes sixteen, about twice as long on 2 cores (issue 19)."""
+    8 mapped shards a batch of 256 takes sixteen, about twice as long on 2 cores."""
     if mode != "auto":
         return mode
     nbytes = dataset_bytes(dataset)
@@ -109,7 +108,7 @@ class FlattenedDataset(Dataset):
         else:
             # One tensor for x and one for y: a batch is then one gather each, not one per
             # shard (sixteen small index_selects cost 0.16 ms more per batch of 256 on 2
-            # cores than two large ones, 2026-11-25; issue 19).
+            # cores than two large ones, 2026-11-25).
             self._x = [self._concatenated([folder / s.x_file for s in shards])]
             self._y = [self._concatenated([folder / s.y_file for s in shards])]
             self._starts = np.array([0, len(self)])

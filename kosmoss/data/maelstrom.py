@@ -20,13 +20,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from kosmoss.data.schema import (
-    HL_VARIABLES,
-    INPUT_BLOCKS,
-    OUTPUT_BLOCK,
-    OUTPUT_VARIABLES,
-    ColumnSchema,
-)
+from .schema import HL_VARIABLES, INPUT_BLOCKS, OUTPUT_BLOCK, OUTPUT_VARIABLES, ColumnSchema
 
 PLUGIN = "climetlab-maelstrom-radiation"
 DATASET = "3dcorrection"

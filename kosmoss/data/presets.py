@@ -5,46 +5,17 @@ metadata.json is compared with the preset's request before it is used.
 """
 from __future__ import annotations
 
-import json
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
-from .. import paths
-from ..errors import UsageError
-from .sources import SyntheticSource
-from .store import (METADATA_FILE, PreparedDataset, open_dataset, prepare, request_difference,
-                    request_of, stored_request)
+from ..core import paths
+from ..core.errors import UsageError
+from .catalog import DEFAULT_PRESET, PRESETS, Preset, request_difference
+from .store import PreparedDataset, open_dataset, prepare
 
-DEFAULT_LEVELS, DEFAULT_SEED, DEFAULT_SHARD_SIZE = 137, 42, 4096
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    n_columns: int
-    shard_size: int
-    purpose: str
-    levels: int = DEFAULT_LEVELS
-    seed: int = DEFAULT_SEED
-
-    def source(self) -> SyntheticSource:
-        return SyntheticSource(self.n_columns, seed=self.seed, levels=self.levels)
-
-    def request(self) -> dict:
-        return request_of(self.source(), self.shard_size)
-
-
-PRESETS = {
-    p.name: p
-    for p in (
-        Preset("tiny", 2_048, 512, "tests and quick lessons (38 MB, about a second)"),
-        Preset("small", 32_768, 4_096, "the default: a 2-core laptop prepares it in seconds (610 MB)"),
-        Preset("large", 1_048_576, 65_536, "GPU benchmarks (20 GB)"),
-    )
-}
-DEFAULT_PRESET = "small"
+# The catalogue's presets, for `presets.PRESETS` (lesson 1) and the commands.
+__all__ = ["DEFAULT_PRESET", "PRESETS", "Preset", "check_name", "looks_like_path", "prepare_preset",
+           "resolve"]
 
 
 def looks_like_path(spec: str) -> bool:
@@ -108,39 +79,3 @@ def prepare_preset(
     if log:
         log(f"preparing dataset {preset.name!r}: {preset.n_columns} synthetic columns -> {dest}")
     return prepare(preset.source(), dest, preset.shard_size, force=force, log=log)
-
-
-def preparation_command(folder: Path) -> Optional[str]:
-    """The ``kosmoss data prepare ... --force`` line that writes ``folder`` again from the
-    request in its metadata.json; None where the command line cannot make that request."""
-    folder = Path(folder)
-    try:
-        request = stored_request(json.loads((folder / METADATA_FILE).read_text()))
-    except (OSError, ValueError, AttributeError):
-        return None
-    words = _request_words(request)
-    if words is None:
-        return None
-    preset = words[0] if words[0] in PRESETS else None
-    if folder.parent.resolve() != paths.data_root().resolve():
-        words += ["--out", str(folder)]
-    elif folder.name != preset:
-        words += ["--name", folder.name]
-    return shlex.join(["kosmoss", "data", "prepare", *words, "--force"])
-
-
-def _request_words(request: dict) -> Optional[List[str]]:
-    source, shard_size = request["source"], request["shard_size"]
-    for preset in PRESETS.values():
-        if request == preset.request():
-            return [preset.name]
-    if source.get("name") == "synthetic" and set(source) == {"name", "seed", "n_columns", "levels"}:
-        return ["--columns", str(source["n_columns"]), "--levels", str(source["levels"]),
-                "--seed", str(source["seed"]), "--shard-size", str(shard_size)]
-    asked = source.get("request", {})
-    if source.get("name") == "maelstrom" and source.get("origin") == "climetlab" \
-            and set(asked) == {"dataset", "date", "timestep", "patch"}:
-        return ["--source", "maelstrom", "--date", str(asked["date"]), "--timestep",
-                str(asked["timestep"]), "--patch", *map(str, asked["patch"]),
-                "--shard-size", str(shard_size)]
-    return None

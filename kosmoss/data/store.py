@@ -43,22 +43,21 @@ from typing import Callable, Iterator, List, Optional
 import numpy as np
 import psutil
 
-from ..errors import DatasetError
-from ..files import atomic_write_json
+from ..core.errors import DatasetError
+from ..core.files import atomic_write_json
+from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
 from .stats import RunningMoments, Statistics
 
 FORMAT = "kosmoss-flattened"
 FORMAT_VERSION = 1
-METADATA_FILE = "metadata.json"
 # Size and mtime of each file when its checksum last matched: a training run hashes only
 # files changed since (hashing the 20 GB of `large` before every run would cost minutes).
 VERIFIED_FILE = ".verified.json"
 STATS_FILE = "stats.npz"
 DTYPE = np.float32
 # The same request read by a newer plugin release is still the same request.
-VOLATILE_SOURCE_KEYS = ("plugin_version",)
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:@(?P<host>[^/]+))?"
                       r"-[0-9a-f]{8}$")
 
@@ -107,49 +106,6 @@ class PreparedDataset:
 def sha256_of(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-# ---------------------------------------------------------------- requests
-
-
-def request_of(source: ColumnSource, shard_size: int) -> dict:
-    """What decides a dataset's content: the source's description and the shard size
-    (synthetic shard ``k`` is seeded by ``(seed, k)``)."""
-    return _plain({"source": source.describe(), "shard_size": shard_size})
-
-
-def stored_request(metadata: dict) -> dict:
-    return _plain({"source": metadata.get("source", {}), "shard_size": metadata.get("shard_size")})
-
-
-def request_difference(metadata: dict, request: dict) -> str:
-    """'' when a dataset's metadata holds ``request``, else what differs, e.g.
-    ``seed 1 (asked 2)``."""
-    held, asked = _flatten(stored_request(metadata)), _flatten(_plain(request))
-    return ", ".join(f"{key} {_show(held.get(key))} (asked {_show(asked.get(key))})"
-                     for key in sorted(set(held) | set(asked)) if held.get(key) != asked.get(key))
-
-
-def _plain(request: dict) -> dict:
-    # JSON round trip: tuples become lists, as they are once read back from metadata.json
-    plain = json.loads(json.dumps(request))
-    for key in VOLATILE_SOURCE_KEYS:
-        plain.get("source", {}).pop(key, None)
-    return plain
-
-
-def _flatten(tree: dict) -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value))
-        else:
-            flat["source" if key == "name" else key] = value
-    return flat
-
-
-def _show(value) -> str:
-    return "-" if value is None else json.dumps(value)
 
 
 # ---------------------------------------------------------------- writing
@@ -378,17 +334,6 @@ def open_dataset(path: Path, *, verify: bool = True,
     if verify:
         verify_checksums(dataset, trust_unchanged=trust_unchanged)
     return dataset
-
-
-def again(folder: Path) -> str:
-    """The advice that ends an error about a broken dataset: the exact command, if the
-    command line can make its request."""
-    from .presets import preparation_command  # presets builds on this module
-
-    command = preparation_command(folder)
-    if command is None:
-        return f"prepare it again (with --force, or delete {folder} first)"
-    return f"prepare it again: `{command}`"
 
 
 def _read_metadata(path: Path) -> dict:

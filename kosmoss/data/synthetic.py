@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from kosmoss.data.schema import ColumnSchema
+from .schema import ColumnSchema
 
 G = 9.80665  # m s-2
 R_DRY = 287.04  # J kg-1 K-1

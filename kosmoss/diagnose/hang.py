@@ -29,8 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-from ..errors import RunFailed
-from ..hooks import LeanCallback
+from ..core.errors import RunFailed
+from ..run.lean import LeanCallback
 
 FLIGHT_RECORDER_DIR = "flight-recorder"
 STACKS_DIR = "stacks"
@@ -139,9 +139,9 @@ def _says_timeout(error: BaseException) -> bool:
 def write_stacks(run_dir: Path) -> Path:
     """Dump the stacks of every live process of the run into ``run_dir/stacks/`` (text, and
     JSON beside it) and return the text file. The caller's own stack is read in-process."""
+    from ..core.files import atomic_write_json, atomic_write_text
     from .runs import RunProcess, live_run_at
     from .stacks import collect, render_json, render_text
-    from ..files import atomic_write_json, atomic_write_text
 
     run = live_run_at(Path(run_dir), require_alive=False)
     if os.getpid() not in {member.pid for member in run.processes}:  # its record says ended

@@ -23,8 +23,8 @@ from collections import deque
 from pathlib import Path
 from typing import Deque, Optional, Tuple
 
-from ..files import atomic_write_json
-from ..hooks import LeanCallback
+from ..core.files import atomic_write_json
+from ..run.lean import LeanCallback
 from .runs import heartbeat_path
 
 INTERVAL_S = 1.0

@@ -2,7 +2,7 @@
 ("rank 1", "data worker of rank 0", "launcher"), for ``kosmoss stacks`` and ``watch``.
 
 The processes come from the run's records (``processes/*.json``, pid and start time, see
-:mod:`kosmoss.records`) and from the marks in their environment (``KOSMOSS_RUN_ID``), so
+:mod:`kosmoss.launch.records`) and from the marks in their environment (``KOSMOSS_RUN_ID``), so
 a rank that died before writing its record, or whose record was lost, is still found.
 Global ranks come from the heartbeats when the ranks write them, else from the records
 and the rank variables the launchers set.
@@ -16,9 +16,10 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from .. import paths, records
-from ..errors import UsageError
-from ..records import RUNNING, ProcessId
+from ..core import paths
+from ..core.errors import UsageError
+from ..launch import records
+from ..launch.records import RUNNING, ProcessId
 
 HEARTBEAT_DIR = "heartbeats"  # written by .heartbeat (which imports Lightning; this does not)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .runs import LiveRun, RunProcess, read_heartbeats
 
 _HERE = Path(__file__).parent

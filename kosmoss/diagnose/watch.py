@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from ..records import RUNNING
+from ..launch.records import RUNNING
 from .runs import LiveRun, RunProcess, live_run_at, read_heartbeats
 
 DEFAULT_THRESHOLD = 0.3
@@ -197,7 +197,7 @@ def gpu_processes() -> Dict[int, dict]:
     try:
         from nvitop import NA, Device
 
-        from ..environment import quiet_nvml
+        from ..devices.environment import quiet_nvml
 
         found: Dict[int, dict] = {}
         with quiet_nvml():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Optional
 
-from ..devices import Sharing
+from ..devices.policy import Sharing
 
 
 class Engine:

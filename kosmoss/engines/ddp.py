@@ -1,5 +1,5 @@
 """DDP through torch.distributed, as Lightning's DDPStrategy runs it: gloo on CPU and for
-ranks that share a GPU, NCCL for one rank per GPU (:func:`kosmoss.devices.sharing`)."""
+ranks that share a GPU, NCCL for one rank per GPU (:func:`kosmoss.devices.policy.sharing`)."""
 from __future__ import annotations
 
 import gc
@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from ..devices import Sharing
-from ..errors import ConfigError
+from ..core.errors import ConfigError
+from ..devices.policy import Sharing
 from .base import Engine
 
 
@@ -48,7 +48,7 @@ class DDPEngine(Engine):
         # Gradients live in DDP's all-reduce buckets: no copy of every gradient into them
         # and back each step (~2 MB a step for the course model), and no second copy in RAM.
         # Bucket size and static_graph stay torch's: on 2 CPU ranks neither changed the
-        # step beyond the noise (python -m kosmoss.bench.ddp_anatomy, docs/benchmarks.md).
+        # step beyond the noise (python -m kosmoss.bench.ddp_anatomy, docs/bench/2026-11-24.md).
         return DDPStrategy(process_group_backend=share.backend, gradient_as_bucket_view=True,
                            **no_buffer_sync_per_step(), **options)
 

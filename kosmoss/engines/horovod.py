@@ -10,7 +10,7 @@ horovodrun starts the ranks; this strategy joins them (``hvd.init()``), broadcas
 weights and optimizer state, wraps the optimizers in ``hvd.DistributedOptimizer`` (an
 allreduce of the gradients after every backward), and answers Lightning's collectives
 (reduce, all_gather, broadcast, barrier) with Horovod's. Unlike Lightning 1.9 it does not
-multiply the learning rate by the world size: kosmoss.scaling applies the one explicit
+multiply the learning rate by the world size: kosmoss.scaling.arithmetic applies the one explicit
 ``--scale-lr`` rule for DDP and Horovod alike.
 
 Horovod itself is imported only when a strategy is built, so kosmoss imports without it.
@@ -31,9 +31,10 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 
-from ..cpus import cores_per_process
-from ..devices import Sharing
-from ..errors import ConfigError, UsageError
+from ..core.errors import ConfigError, UsageError
+from ..devices.cpus import cores_per_process
+from ..devices.policy import Sharing
+from ..run import lightning_private as private
 from .base import Engine
 
 INSTALL_COMMAND = "bash scripts/install_horovod.sh"
@@ -353,24 +354,14 @@ def _evaluate_under_no_grad(trainer) -> None:
     ``torch.inference_mode``, where tensors made inside it cannot be written ("Inplace update
     to inference tensor outside InferenceMode"): evaluate under ``no_grad``, as Lightning
     does for gloo DDP (loops/utilities.py, ``_no_grad_context``)."""
-    for loop in (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop,
-                 trainer.test_loop, trainer.predict_loop):
+    for loop in private.evaluation_loops(trainer):
         loop.inference_mode = False
 
 
 def _mark_step_tracked(optimizer: Optimizer) -> None:
     """torch's LR schedulers wrap ``optimizer.step`` to warn when the scheduler steps first;
     give the wrapped optimizer the same wrapper so the check keeps its meaning."""
-    step = optimizer.step
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        return
-
-    def tracked_step(*args, **kwargs):
-        optimizer._opt_called = True
-        return step(*args, **kwargs)
-
-    tracked_step._wrapped_by_lr_sched = True
-    optimizer.step = tracked_step
+    optimizer.step = private.track_scheduler_order(optimizer, optimizer.step)
 
 
 def _op_name(reduce_op: Any) -> str:

@@ -46,7 +46,7 @@ from typing import Any, Dict, Optional
 def check(exercise_id: str, namespace: Optional[Dict[str, Any]] = None) -> bool:
     """The checker cell: judge what the notebook defined, print one line, return True if
     correct. Never raises for a wrong answer or for an error in the learner's code."""
-    from .core import check_in_notebook
+    from .judging import check_in_notebook
 
     return check_in_notebook(exercise_id, namespace)
 

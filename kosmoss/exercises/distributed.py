@@ -42,7 +42,7 @@ class Outcome:
 def run_in_ranks(items: Sequence[Tuple[Any, str]], *, timeout_s: Optional[float] = None,
                  world_size: int = WORLD_SIZE) -> List[List[Outcome]]:
     """For each (exercise, source): the outcome on every rank."""
-    from ..launch import free_port
+    from ..launch.ports import free_port
 
     collective_s = timeout_s or COLLECTIVE_TIMEOUT_S
     job = {"world_size": world_size, "port": free_port(), "parent": os.getpid(),
@@ -160,6 +160,6 @@ def _write(scratch: Path, rank: int, done: list) -> None:
 
 if __name__ == "__main__":
     # Through the package, so that what the ranks pickle names kosmoss's classes.
-    from kosmoss.exercises.distributed import main as rank_main
+    from .distributed import main as rank_main
 
     rank_main(sys.argv[1], int(sys.argv[2]))

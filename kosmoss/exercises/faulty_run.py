@@ -34,9 +34,9 @@ def patient(args: argparse.Namespace) -> None:
     from pytorch_lightning.strategies import DDPStrategy
     from torch.utils.data import DataLoader, TensorDataset
 
-    from .. import records
     from ..diagnose.hang import StartupCheck, is_collective_timeout, write_stacks
     from ..diagnose.heartbeat import Heartbeat
+    from ..launch import records
 
     class Patient(pl.LightningModule):
         def __init__(self):

@@ -1,5 +1,5 @@
 """Lesson 03 (data parallelism): average gradients by hand and match DDP, in 2 gloo
-processes; split a global batch over the ranks as ``kosmoss.scaling.plan`` does.
+processes; split a global batch over the ranks as ``kosmoss.scaling.arithmetic.plan`` does.
 
     kosmoss check 03
 """
@@ -167,7 +167,7 @@ columns one rank's forward pass sees when `--batch-size` is the global batch and
 world is `num_nodes × devices_per_node` ranks. When the global batch cannot be split
 evenly (not a multiple of the world size, or fewer columns than ranks), raise a
 `ValueError` that says why, instead of training with another batch than the one asked
-for. The checker compares with `kosmoss.scaling.plan` on a range of set-ups.
+for. The checker compares with `kosmoss.scaling.arithmetic.plan` on a range of set-ups.
 """
 
 BATCH_SKELETON = '''
@@ -203,8 +203,8 @@ BATCH_CASES = ((256, 1, 2), (512, 2, 2), (96, 3, 4), (64, 1, 1), (250, 1, 4), (1
 
 
 def batch_judge(namespace: dict) -> tuple:
-    from ..errors import UsageError
-    from ..scaling import plan
+    from ..core.errors import UsageError
+    from ..scaling.arithmetic import plan
 
     mine = learner(namespace, "per_device_batch")
     for global_batch, nodes, per_node in BATCH_CASES:
@@ -226,7 +226,7 @@ def batch_judge(namespace: dict) -> tuple:
         if got != expected:
             return failed(f"for {setup} yours returned {got!r}, the per-device batch is "
                           f"{expected}")
-    return passed(f"your split matches kosmoss.scaling.plan on {len(BATCH_CASES)} set-ups, "
+    return passed(f"your split matches kosmoss.scaling.arithmetic.plan on {len(BATCH_CASES)} set-ups, "
                   "refusals included")
 
 

@@ -1,5 +1,5 @@
 """Lesson 04 (scaling the learning rate): the none / linear / square-root rules, and the
-rate of a linear warm-up step by step, against ``kosmoss.scaling``.
+rate of a linear warm-up step by step, against ``kosmoss.scaling.arithmetic``.
 
     kosmoss check 04
 """
@@ -18,7 +18,7 @@ Write `scaled_lr(base_lr, rule, effective_batch_size, base_batch_size)`: `base_l
 tuned for batches of `base_batch_size`; the run averages each optimizer step over
 `effective_batch_size` columns (per-device batch × ranks × accumulated batches). With
 `k = effective_batch_size / base_batch_size`, rule `"none"` keeps the rate, `"linear"`
-multiplies it by `k`, `"sqrt"` by `√k`. The checker compares with `kosmoss.scaling` for
+multiplies it by `k`, `"sqrt"` by `√k`. The checker compares with `kosmoss.scaling.arithmetic` for
 each rule on several batch sizes, some where `k` is not a whole number.
 """
 
@@ -67,7 +67,7 @@ SCALED_CASES = ((1e-3, 128, 64), (1e-3, 1024, 64), (3e-4, 512, 16), (1e-3, 100, 
 
 
 def scaled_judge(namespace: dict) -> tuple:
-    from ..scaling import LR_RULES, lr_factor
+    from ..scaling.arithmetic import LR_RULES, lr_factor
 
     mine = learner(namespace, "scaled_lr")
     for base_lr, effective, base in SCALED_CASES:
@@ -78,7 +78,7 @@ def scaled_judge(namespace: dict) -> tuple:
                 return failed(f"rule {rule!r}, base rate {base_lr:g} for batch {base}, "
                               f"effective batch {effective} (k = {k:g}): yours {show(got)}, "
                               f"expected {expected:.6g}")
-    return passed(f"all {len(LR_RULES)} rules match kosmoss.scaling on "
+    return passed(f"all {len(LR_RULES)} rules match kosmoss.scaling.arithmetic on "
                   f"{len(SCALED_CASES)} batch sizes")
 
 
@@ -92,7 +92,7 @@ step `step` (counted from `0`) when the run warms up from the unscaled `base_lr`
 scaled `target_lr` linearly over `warmup_steps` steps (Goyal et al.'s gradual warm-up,
 as kosmoss does it): `base_lr` at step `0`, `target_lr` from step `warmup_steps` on, and
 `target_lr` throughout when `warmup_steps` is `0`. The checker compares with
-`kosmoss.scaling.warmup_factor` step by step.
+`kosmoss.scaling.arithmetic.warmup_factor` step by step.
 """
 
 WARMUP_SKELETON = '''
@@ -127,7 +127,7 @@ WARMUP_CASES = ((10, 1e-3, 8e-3), (4, 1e-3, 1e-3 * math.sqrt(8)), (0, 1e-3, 4e-3
 
 
 def warmup_judge(namespace: dict) -> tuple:
-    from ..scaling import warmup_factor
+    from ..scaling.arithmetic import warmup_factor
 
     mine = learner(namespace, "warmup_lr")
     for warmup_steps, base_lr, target_lr in WARMUP_CASES:
@@ -138,7 +138,7 @@ def warmup_judge(namespace: dict) -> tuple:
                 return failed(f"warm-up from {base_lr:g} to {target_lr:.4g} over {warmup_steps} "
                               f"steps: at step {step} yours is {show(got)}, kosmoss uses "
                               f"{expected:.6g}")
-    return passed(f"matches kosmoss.scaling.warmup_factor at every step of "
+    return passed(f"matches kosmoss.scaling.arithmetic.warmup_factor at every step of "
                   f"{len(WARMUP_CASES)} warm-ups")
 
 

@@ -1,5 +1,5 @@
-"""Lesson 05 (devices): where a run computes (``kosmoss.devices.decide``), and the backend
-and memory share of ranks sharing a host's GPUs (``kosmoss.devices.sharing``).
+"""Lesson 05 (devices): where a run computes (``kosmoss.devices.policy.decide``), and the backend
+and memory share of ranks sharing a host's GPUs (``kosmoss.devices.policy.sharing``).
 
     kosmoss check 05
 """
@@ -13,7 +13,7 @@ from .core import Exercise, failed, learner, number, passed, show
 # ---------------------------------------------------------------- 05.device_for
 
 DEVICE_STATEMENT = """\
-**Decide where a run computes, as `kosmoss.devices.decide` does.**
+**Decide where a run computes, as `kosmoss.devices.policy.decide` does.**
 
 Write `device_for(machine, machine_index, run_asks_gpu, visible_gpus)` returning
 `"cpu"` or `"cuda:N"`. `machine` is the machine's setting: `"none"` (CPU only),
@@ -62,7 +62,7 @@ def device_rows():
 
 
 def device_judge(namespace: dict) -> tuple:
-    from ..devices import MachineGpu, decide
+    from ..devices.policy import MachineGpu, decide
 
     mine = learner(namespace, "device_for")
     rows = list(device_rows())
@@ -86,7 +86,7 @@ Write `memory_share(ranks_on_host, gpus_on_host)` returning `(backend, fraction)
 process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memory each
 rank may use, when the ranks are spread as evenly as possible over the GPUs. NCCL
 refuses two ranks on one GPU; gloo accepts CUDA tensors; with no GPU, gloo and a
-fraction of `1.0`. The checker compares with `kosmoss.devices.sharing`.
+fraction of `1.0`. The checker compares with `kosmoss.devices.policy.sharing`.
 """
 
 SHARE_SKELETON = '''
@@ -131,7 +131,7 @@ SHARE_CASES = ((2, 0), (1, 1), (2, 2), (2, 1), (3, 1), (4, 2), (3, 2), (5, 2), (
 
 
 def share_judge(namespace: dict) -> tuple:
-    from ..devices import sharing
+    from ..devices.policy import sharing
 
     mine = learner(namespace, "memory_share")
     for ranks, gpus in SHARE_CASES:
@@ -151,7 +151,7 @@ def share_judge(namespace: dict) -> tuple:
             return failed(f"{setup}: your share is {show(fraction)}, kosmoss gives "
                           f"{expected.memory_fraction:.3g}: the busiest GPU holds "
                           f"{math.ceil(ranks / gpus) if gpus else 0} rank(s)")
-    return passed(f"matches kosmoss.devices.sharing in {len(SHARE_CASES)} set-ups")
+    return passed(f"matches kosmoss.devices.policy.sharing in {len(SHARE_CASES)} set-ups")
 
 
 EXERCISES = [

@@ -308,10 +308,11 @@ BUCKET_CASES = ((MLP_READY_ORDER, MIB, 25 * MIB), (MLP_READY_ORDER, MIB // 4, MI
 def torch_buckets(grad_bytes, first_cap: int, cap: int) -> List[List[int]]:
     """What DDP's reducer computes: float32 tensors of those sizes, its own function."""
     import torch
-    import torch.distributed as dist
+
+    from ..run.lightning_private import bucket_assignment
 
     tensors = [torch.empty(nbytes // 4) for nbytes in grad_bytes]
-    buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [first_cap, cap])
+    buckets, _ = bucket_assignment(tensors, [first_cap, cap])
     return [list(bucket) for bucket in buckets]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .core import Exercise, marked_id, notebook_glob
 
 INSTALL_HINT = 'pip install "kosmoss[lessons]"'

@@ -2,7 +2,6 @@
 peaks `kosmoss bench` reads) and replica agreement; and the checkpointing of every run."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 from typing import List, Optional
@@ -10,32 +9,19 @@ from typing import List, Optional
 import pytorch_lightning as pl
 import torch
 
-from ..data.datamodule import Chunk
-from ..devices import Sharing, apply_sharing, to_numpy
-from ..hooks import LeanCallback
-from ..memory import peak_host_rss_mib
-from ..throughput import StepClock
+from ..devices.memory import peak_host_rss_mib
+from ..devices.policy import Sharing, apply_sharing, to_numpy
+from . import lightning_private as private
+from .chunks import Chunk
+from .lean import LeanCallback, LeanModelCheckpoint
+from .throughput import StepClock
 
 
-class CheckpointToTheEnd(LeanCallback, pl.callbacks.ModelCheckpoint):
+class CheckpointToTheEnd(LeanModelCheckpoint):
     """Lightning's ModelCheckpoint, whose ``last.ckpt`` also holds the final step. Lightning
     saves ``last`` after each validation and, at the end of training, only if it never saved
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
     it to train further trained the steps after that validation a second time."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self._every_n_train_steps < 1 and self._train_time_interval is None:
-            # ModelCheckpoint saves from this hook only every N steps or every interval;
-            # with neither it checks the trainer's state every step and returns (a few µs).
-            self.on_train_batch_end = None
-
-    @functools.cached_property
-    def state_key(self) -> str:
-        # Lightning formats this key for every hook it calls on the callback, ~6 a step, and
-        # ModelCheckpoint builds it from a dict's repr each time (~4 µs); its parts are all
-        # set in __init__, so the first answer stays right.
-        return super().state_key
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # --max-steps can end the first epoch before any validation: no val_loss yet to rank
@@ -46,14 +32,14 @@ class CheckpointToTheEnd(LeanCallback, pl.callbacks.ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.save_last and self._last_global_step_saved != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last and private.last_saved_step(self) != trainer.global_step:
+            private.save_last(self, trainer)
         super().on_train_end(trainer, pl_module)
 
 
 class ThroughputMeter(LeanCallback):
     """Training samples per second over the whole world, in steady state (the one
-    :class:`kosmoss.throughput.StepClock` rule, shared with the bench's raw loop); when each
+    :class:`kosmoss.run.throughput.StepClock` rule, shared with the bench's raw loop); when each
     validation ended and its loss (time to a target loss); peak memory and minor page faults
     per timed step of every rank (a step that hands buffers back to the system and faults
     them in again shows here, not only as a slower step)."""
@@ -152,7 +138,7 @@ class PrecisionProbe(LeanCallback):
 
 
 class GpuShare(LeanCallback):
-    """Ranks that share a GPU each take 1/n of its memory (kosmoss.devices.sharing)."""
+    """Ranks that share a GPU each take 1/n of its memory (kosmoss.devices.policy.sharing)."""
 
     def __init__(self, share: Sharing) -> None:
         self.share = share

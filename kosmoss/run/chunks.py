@@ -1,9 +1,9 @@
 """Several optimizer steps per step of Lightning's loop (Keras calls it
 ``steps_per_execution``): the Trainer's per-batch Python — its loop, hooks, fetcher and
 closure, ~0.5 ms on 2 cores — is paid once per K steps instead of every step. At batch 256
-on 2 cores it took kosmoss from 0.89 to 0.93 of the raw loop (issue 19,
-docs/benchmarks.md). The steps themselves are the same, in the same order: losses and
-weights are bit-identical to one step per batch.
+on 2 cores it took kosmoss from 0.89 to 0.93 of the raw loop (docs/bench/2026-11-26-midday.md). The
+steps themselves are the same, in the same order: losses and weights are bit-identical to
+one step per batch.
 
 Only where a step of the loop can hold several: one process of the DDP engine (DDP and
 Horovod want one backward per forward of their wrapped model), the loader in this process
@@ -12,14 +12,18 @@ would wrap the backward passes too; a GPU run at its batch is not bound by Pytho
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Optional
+import time
+from typing import Callable, Iterator, List, Optional
 
-from ..data.datamodule import Chunk
+import pytorch_lightning as pl
+
+from ..core.errors import ConfigError
+from ..data.loading import RankBatchSampler
 from ..engines.base import Engine
-from ..errors import ConfigError
-from ..hooks import LeanCallback
-from ..model import LitMLP
+from . import lightning_private as private
+from .lean import LeanCallback, LeanLitMLP
 
 STEPS_PER_EXECUTION = 8  # 0.93 of the raw loop at 256 on 2 cores; 32 measured no better
 
@@ -43,7 +47,73 @@ def steps_per_execution(asked: Optional[int], world_size: int, engine: Engine, a
     return asked
 
 
-class StepsInChunks(LitMLP):
+class Chunk:
+    """Up to K of an epoch's batches for one training step of Lightning's loop (one per
+    optimizer step, kosmoss.run.chunks): each is read when the step takes it, so it is
+    still in the cache (a chunk read whole first lost the gain, docs/bench/2026-11-26-midday.md)."""
+
+    def __init__(self, read: Callable, batches: List, taken: Callable[[], None]) -> None:
+        self._read, self._taken = read, taken
+        self.keep(len(batches), batches)
+        # When each step ended: the moment the next batch (or the end) was asked for.
+        self.step_ends: List[float] = []
+
+    def keep(self, steps: int, batches: Optional[List] = None) -> None:
+        """Only the first ``steps`` batches (--max-steps): the others stay unread."""
+        self.batches = (self.batches if batches is None else batches)[:max(0, steps)]
+        self.sizes = [len(batch) for batch in self.batches]
+        self.samples, self.steps = sum(self.sizes), len(self.batches)
+
+    def __iter__(self) -> Iterator:
+        for batch in self.batches:
+            self.step_ends.append(time.perf_counter())
+            self._taken()
+            yield self._read(batch)
+        self.step_ends.append(time.perf_counter())
+
+
+class ChunkedBatchLoader:
+    """A BatchLoader whose items are :class:`Chunk` s of ``steps`` batches, cut from the
+    epoch's start (the last one shorter), so the count Lightning takes from ``len`` holds
+    for every epoch and a resumed one. It checkpoints the batches the steps took, not its
+    chunks: a step that stops at ``--max-steps`` leaves the rest of its chunk unread."""
+
+    batch_sampler = None  # as BatchLoader
+
+    def __init__(self, dataset, sampler: RankBatchSampler, steps: int) -> None:
+        self.dataset, self.sampler, self.steps = dataset, sampler, steps
+        self._skipped = self._taken = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.steps)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        # Now, not at the first chunk: a resumed Lightning run sets the sampler's epoch
+        # between the two (RankBatchSampler.resume).
+        self._skipped, self._taken = self.sampler.skips, 0
+        return self._chunks(iter(self.sampler))
+
+    def _chunks(self, batches: Iterator) -> Iterator[Chunk]:
+        # A resumed epoch first fills its chunk up to the next boundary of K.
+        size = self.steps - self._skipped % self.steps
+        while True:
+            chunk = list(itertools.islice(batches, size))  # index arrays: nothing read yet
+            if not chunk:
+                return
+            yield Chunk(self.dataset.__getitem__, chunk, self._took_one)
+            size = self.steps
+
+    def _took_one(self) -> None:
+        self._taken += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "batches_done": self._skipped + self._taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.resume(state["epoch"], state["batches_done"])
+
+
+class StepsInChunks(LeanLitMLP):
     """LitMLP whose training step takes a :class:`Chunk` and makes one optimizer step per
     batch in it, as Lightning's automatic optimisation makes one per batch (zero_grad,
     backward, step, then the warm-up schedule). Same hyperparameters and state dict as
@@ -53,7 +123,7 @@ class StepsInChunks(LitMLP):
         super().__init__(*args, **kwargs)
         self.automatic_optimization = False
 
-    def _logs_this_step(self) -> bool:
+    def logs_train_loss_now(self) -> bool:
         return False  # the chunk's loop logs train_loss itself, with the step it belongs to
 
     def training_step(self, chunk: Chunk, batch_idx: int):
@@ -62,7 +132,7 @@ class StepsInChunks(LitMLP):
         if max_steps >= 0:  # the chunk's batches past --max-steps stay unread and untrained
             chunk.keep(max_steps - self.global_step)
         for batch in chunk:
-            logs, step = LitMLP._logs_this_step(self), self.global_step
+            logs, step = LeanLitMLP.logs_train_loss_now(self), self.global_step
             loss = self._common_step(batch, "train")
             optimizer.zero_grad()
             self.manual_backward(loss)
@@ -73,16 +143,17 @@ class StepsInChunks(LitMLP):
                 self._log_train_loss(loss, step, len(batch[0]))
         # The loggers' step axis counts optimizer steps, as with one step a batch: Lightning
         # adds 1 to this count after each of its batches and logs validation at it.
-        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.global_step - 1
+        private.set_logged_steps(self.trainer, self.global_step - 1)
         return loss
 
     def _log_train_loss(self, loss, step: int, batch_size: int) -> None:
         # callback_metrics and the progress bar as LitMLP's own log fills them; the row goes
         # to the loggers here, at its own step: Lightning writes only at a chunk's end.
-        self.log("train_loss", loss, prog_bar=self._shows_progress(), logger=False,
-                 batch_size=batch_size)
+        # Past LeanLitMLP.log, which passes train_loss only on the loggers' steps.
+        pl.LightningModule.log(self, "train_loss", loss, prog_bar=self.shows_progress(),
+                               logger=False, batch_size=batch_size)
         if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
-            row = {"train_loss": float(loss), "epoch": self.current_epoch}
+            row = {"train_loss": float(loss.detach()), "epoch": self.current_epoch}
             for logger in self.loggers:
                 logger.log_metrics(row, step=step)
                 logger.save()
@@ -99,21 +170,19 @@ class ChunkCounts(LeanCallback):
         self.steps = steps
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        loops = checkpoint.get("loops", {}).get("fit_loop")
+        loops = private.fit_loop_state(checkpoint)
         if not loops:
             return
-        loaders = loops.get("state_dict", {}).get("combined_loader") or [{}]
-        done, epoch = loaders[0].get("batches_done"), loaders[0].get("epoch")
-        batches = loops["epoch_loop.batch_progress"]
+        loader = private.loader_states(loops)[0]
+        done, epoch = loader.get("batches_done"), loader.get("epoch")
+        batches = loops[private.BATCH_PROGRESS]
         if done is not None:
             _move(batches, self._chunks_done(trainer, done) - batches["current"]["processed"])
-            self._reopen_epoch(loops["epoch_progress"], epoch, done, trainer)
-        automatic = loops["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]
-        manual = loops["epoch_loop.manual_optimization.optim_step_progress"]
-        steps = max(automatic["step"]["total"]["completed"], manual["total"]["completed"])
-        for progress in (automatic["step"], automatic["zero_grad"], manual):
+            self._reopen_epoch(loops[private.EPOCH_PROGRESS], epoch, done, trainer)
+        automatic_step, automatic_zero_grad, manual = private.step_progresses(loops)
+        steps = max(automatic_step["total"]["completed"], manual["total"]["completed"])
+        for progress in (automatic_step, automatic_zero_grad, manual):
             _move(progress, steps - progress["total"]["completed"])
-
 
     @staticmethod
     def _reopen_epoch(epochs: dict, epoch: int, done: int, trainer) -> None:

@@ -1,6 +1,6 @@
 """The typed, frozen configuration of one training run, and its checks.
 
-Errors name the *field* (:class:`kosmoss.errors.ConfigError`); the launchers render them
+Errors name the *field* (:class:`kosmoss.core.errors.ConfigError`); the launchers render them
 with their own flag names (:mod:`kosmoss.run.flags`).
 """
 from __future__ import annotations
@@ -11,14 +11,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import FrozenSet, Optional, Tuple
 
-from .. import paths
-from ..cpus import available_cores
+from ..core import paths
+from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
+from ..core.errors import ConfigError, UsageError
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
+from ..devices.cpus import available_cores
 from ..engines import ENGINE_NAMES
-from ..errors import ConfigError, UsageError
-from ..defaults import DEFAULT_HIDDEN, DEFAULT_LR
-from ..scaling import LR_RULES, plan as plan_scaling
+from ..scaling.arithmetic import LR_RULES
+from ..scaling.arithmetic import plan as plan_scaling
 
 PRECISIONS = ("32-true", "bf16-mixed")
 STRATEGIES = ENGINE_NAMES
@@ -45,7 +46,7 @@ class RunConfig:
     num_workers: Optional[int] = None  # None: sized per process from the cores
     machine_gpu: str = "none"  # what this machine allows: none | offer | force
     gpu_index: Optional[int] = None
-    use_gpu: bool = False  # what the run asks for (kosmoss.devices decides)
+    use_gpu: bool = False  # what the run asks for (kosmoss.devices.policy decides)
     require_gpu: bool = False
     num_nodes: Optional[int] = None  # None: 1, or what the launcher says
     gpu_ids: Optional[Tuple[int, ...]] = None

@@ -27,9 +27,10 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
-from .. import records
-from ..errors import RunFailed
-from ..hooks import LeanCallback
+from ..core.errors import RunFailed
+from ..launch import records
+from . import lightning_private as private
+from .lean import LeanCallback
 
 WAIT_FOR_THE_DEAD_S = 2.0  # a dead process's sockets close a moment before it is seen dead
 
@@ -138,7 +139,7 @@ class DeadRankNamed(LeanCallback):
 
 def dead_child(trainer: pl.Trainer) -> Optional[str]:
     """A local rank Lightning started from this process that has ended badly."""
-    children = getattr(trainer.strategy.launcher, "procs", None) or []
+    children = private.spawned_ranks(trainer)
     for local_rank, child in enumerate(children, 1):
         code = child.poll()
         if code not in (None, 0):

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, FrozenSet
 
+from ..core.errors import ConfigError
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
-from ..devices import MachineGpu
-from ..errors import ConfigError
-from ..scaling import LR_RULES
+from ..devices.policy import MachineGpu
+from ..scaling.arithmetic import LR_RULES
 from .config import PRECISIONS, STRATEGIES, RunConfig, validate
 
 DEFAULTS = RunConfig()

@@ -18,10 +18,11 @@ from typing import Callable, Iterator
 from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
 
-from .. import launch, records
-from ..allocator import pin_malloc_thresholds
+from .. import launch
+from ..core.errors import EXIT_FAILURE, RunFailed
 from ..data.store import verify_checksums
-from ..errors import EXIT_FAILURE, RunFailed
+from ..launch import records
+from .allocator import pin_malloc_thresholds
 from .config import RunConfig
 from .plan import RunPlan, prepare
 from .report import report
@@ -103,7 +104,7 @@ def run_details(plan: RunPlan) -> dict:
 @contextlib.contextmanager
 def signals_stop_the_run() -> Iterator[None]:
     """Until training installs its own handlers (a checkpoint at the next step), a stop
-    signal raises :class:`kosmoss.records.Stopped`: the records end ``stopped``, the local
+    signal raises :class:`kosmoss.launch.records.Stopped`: the records end ``stopped``, the local
     ranks and simulated nodes end with this process, and the user reads one line."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers: a run from a thread keeps the caller's

@@ -9,26 +9,28 @@ recorded ``running`` whose processes are gone is recorded ``killed`` when resume
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
-import uuid
 
 import psutil
 
-from .. import launch, paths
-from ..cpus import default_num_workers
+from .. import launch
+from ..core import paths
+from ..core.errors import ConfigError
 from ..data import presets
 from ..data.loading import SPLITS, chosen_mode, split_indices
 from ..data.store import PreparedDataset
-from ..devices import DevicePolicy, MachineGpu, Sharing, decide, sharing
+from ..devices.cpus import default_num_workers
+from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..engines import get as get_engine
 from ..engines.base import Engine
-from ..errors import ConfigError
-from ..launch import Launcher, Topology
-from ..records import RUN_ID_ENV
-from ..scaling import ScalingPlan, plan as plan_scaling
+from ..launch.records import RUN_ID_ENV
+from ..launch.topology import Launcher, Topology
+from ..scaling.arithmetic import ScalingPlan
+from ..scaling.arithmetic import plan as plan_scaling
 from . import resume
 from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate

@@ -23,7 +23,8 @@ from typing import Optional
 
 import torch
 
-from ..hooks import LeanCallback
+from . import lightning_private as private
+from .lean import LeanCallback
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 CHECKPOINT = "preempted.ckpt"
@@ -49,7 +50,11 @@ class StopOnSignal(LeanCallback):
         # After Lightning registered its own handlers (Trainer._run), so these win.
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._note)
-        _no_sigterm_broadcast(trainer)
+        # Lightning 2.6 broadcasts rank 0's SIGTERM flag before every training step when the
+        # world is larger than one: a collective per step (9 % of a 2-rank CPU step at batch
+        # 256, py-spy, 2026-11-24). Its handler that sets the flag is replaced above, so the
+        # flag is always 0, and these ranks agree on stops about once a second instead.
+        private.drop_sigterm_broadcast(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._stop_next_step:
@@ -61,7 +66,7 @@ class StopOnSignal(LeanCallback):
             signum = self._agree(trainer, pl_module.device)
         else:
             return
-        if signum and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        if signum and private.on_last_batch(trainer):
             # Lightning 2.6 resumes a checkpoint taken on an epoch's last batch one epoch
             # late (its epoch counter, so the data order, moves on twice): stop one step on.
             # Every rank has as many batches, so every rank waits alike.
@@ -101,13 +106,3 @@ class StopOnSignal(LeanCallback):
         if self.stopped_by != "SIGUSR1" or not job:
             return None
         return job if subprocess.run(["scontrol", "requeue", job]).returncode == 0 else None
-
-
-def _no_sigterm_broadcast(trainer) -> None:
-    """Lightning 2.6 broadcasts rank 0's SIGTERM flag before every training step when the
-    world is larger than one: a collective per step (9 % of a 2-rank CPU step at batch 256,
-    py-spy, 2026-11-24). Its handler that sets the flag is replaced above, so the flag is
-    always 0 here, and these ranks agree on stops about once a second instead."""
-    epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
-    if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-        epoch_loop._broadcast_sigterm_tensor = lambda: None

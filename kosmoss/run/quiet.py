@@ -14,7 +14,7 @@ CHATTY_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.ut
                   "lightning.pytorch.accelerators.cuda")
 # Warnings that are decisions of kosmoss, not problems a user can act on.
 EXPECTED_WARNINGS = (
-    ".*does not have many workers.*",  # workers are sized per process on purpose (kosmoss.cpus)
+    ".*does not have many workers.*",  # workers are sized per process on purpose (kosmoss.devices.cpus)
     ".*LeafSpec.*is deprecated.*",  # Lightning 2.6 on torch 2.13: nothing a user can act on
     ".*all_gather is deprecated.*",
     ".*The `srun` command is available on your system but is not used.*",  # asking isn't using

@@ -10,8 +10,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import __version__
+from ..core.files import atomic_write_json
 from ..data.stats import Statistics
-from ..files import atomic_write_json
 from .plan import RunPlan
 from .train import Outcome
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import FrozenSet, List, Optional, Tuple
 
-from .. import records
-from ..errors import ConfigError
+from ..core.errors import ConfigError
+from ..launch import records
 from .config import RunConfig, run_folder
 from .flags import flag_names
 from .preemption import CHECKPOINT as PREEMPTED
@@ -31,7 +31,7 @@ FIXED = ("batch_size", "lr", "scale_lr", "base_batch_size", "warmup_steps", "dat
          "hidden", "precision")
 # Settings a resume takes from the stopped run unless a flag says otherwise (then printed).
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
-# between DDP and Horovod, or to more ranks, and trains on the same way (issue 12).
+# between DDP and Horovod, or to more ranks, and trains on the same way.
 CARRIED = ("max_epochs", "max_steps", "mode", "num_workers", "collective_timeout_s", "gpu_ids",
            "num_processes", "num_nodes", "strategy")
 

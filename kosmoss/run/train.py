@@ -2,7 +2,7 @@
 evaluate the final weights exactly.
 
 Lightning's launcher re-runs the same command for every extra local rank, so this runs in
-every process: each rank records itself (kosmoss.records), trains its share, and only
+every process: each rank records itself (kosmoss.launch.records), trains its share, and only
 global zero writes (Lightning's rank-zero rule).
 
 What a failure leaves is in kosmoss.run.faults (docs/reliability.md).
@@ -18,20 +18,19 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from ..data.datamodule import FlattenedDataModule
+from ..core.errors import RunFailed
 from ..data.loading import SPLITS
 from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_timeout,
                              timeout_line, write_stacks)
 from ..diagnose.heartbeat import Heartbeat
-from ..errors import RunFailed
-from ..launch import Launcher, cluster_environment
-from ..model import LitMLP
+from ..launch.topology import Launcher, cluster_environment
 from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
 from .chunks import ChunkCounts, StepsInChunks
+from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
+from .lean import LeanLitMLP, NoProfiler
 from .plan import RunPlan
 from .preemption import StopOnSignal
-from .profiler import NoProfiler
 from .quiet import quiet_lightning
 
 SCORES = ("val_loss", "val_rmse_wm2", "test_loss", "test_rmse_wm2")
@@ -66,10 +65,12 @@ def train(plan: RunPlan) -> Outcome:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     steps = plan.steps_per_execution
-    datamodule = FlattenedDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
-                                     mode=plan.data_mode, splits=SPLITS, seed=config.seed,
-                                     num_workers=plan.num_workers, steps_per_execution=steps)
-    model_class = StepsInChunks if steps > 1 else LitMLP  # K steps per loop step (run.chunks)
+    # The lesson's data module and model, with the run path's trims (kosmoss.run.lean) and
+    # K optimizer steps per step of Lightning's loop (kosmoss.run.chunks).
+    datamodule = RunDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
+                               mode=plan.data_mode, splits=SPLITS, seed=config.seed,
+                               num_workers=plan.num_workers, steps_per_execution=steps)
+    model_class = StepsInChunks if steps > 1 else LeanLitMLP
     model = model_class(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
                         stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
                         warmup_start_lr=plan.scaling.base_lr)
@@ -156,7 +157,7 @@ def run_loggers(plan: RunPlan) -> list:
             ContinuedCSVLogger(plan.run_dir, name="csv", version="")]
 
 
-def _evaluate(trainer: pl.Trainer, model: LitMLP, datamodule, meter: ThroughputMeter) -> dict:
+def _evaluate(trainer: pl.Trainer, model: LeanLitMLP, datamodule, meter: ThroughputMeter) -> dict:
     """Validation scores of the final weights (run again if --max-steps ended mid-epoch),
     then the test scores; read before testing, which resets the trainer's metrics."""
     if not meter.val_curve or meter.val_curve[-1]["step"] != trainer.global_step:

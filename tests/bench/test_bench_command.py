@@ -3,12 +3,12 @@ import csv
 import json
 
 import pytest
-
 from helpers import run_script
+
 from kosmoss.bench import setups
 from kosmoss.bench.setups import Machine
 from kosmoss.commands import bench
-from kosmoss.errors import UsageError
+from kosmoss.core.errors import UsageError
 
 NO_GPU = Machine(cuda=False, bf16=False, horovod_missing="Horovod not installed: run "
                  "scripts/install_horovod.sh", scripts_missing=None, free_ram_bytes=2**34)

@@ -1,16 +1,15 @@
 """The bench's predicted column: from the 1-rank row and a kosmoss comm fit, through
-kosmoss.projection, into bench.json, the CSV, the table and the PNG (no process is run)."""
+kosmoss.scaling.projection, into bench.json, the CSV, the table and the PNG (no process is run)."""
 import csv
 
 import pytest
+from bench_synthetic import synthetic_rows
 from rich.console import Console
 
-from kosmoss import projection
 from kosmoss.bench import figures, report, runner
 from kosmoss.bench.setups import BY_ID, Plan
-from kosmoss.comm.figures import model_gradient_bytes
-
-from bench_synthetic import synthetic_rows
+from kosmoss.scaling import projection
+from kosmoss.scaling.allreduce import model_gradient_bytes
 
 ALPHA, BETA = 1e-3, 1e-9  # the fake comm run: t = 1 ms + bytes / 1 GB/s
 REAL_COMM = runner._comm
@@ -32,7 +31,7 @@ def no_measuring(monkeypatch):
     monkeypatch.setattr(projection, "time_step", lambda *a, **k: (0.004, 0.001))
     monkeypatch.setattr(runner, "_comm", lambda setup, topology, *a: comm_json(*topology[:2]))
     monkeypatch.setattr(projection, "ddp_overhead_s", lambda batch, threads, **k: 0.0)
-    monkeypatch.setattr("kosmoss.cpus.available_cores", lambda: 2)
+    monkeypatch.setattr("kosmoss.devices.cpus.available_cores", lambda: 2)
 
 
 def plan_for(dataset):
@@ -156,7 +155,7 @@ def test_the_predicted_column_is_in_the_json_the_csv_the_table_and_the_png(tmp_p
 
 
 def test_thread_probes_run_only_for_multi_rank_cpu_rows(random_dataset, monkeypatch):
-    monkeypatch.setattr("kosmoss.cpus.available_cores", lambda: 2)
+    monkeypatch.setattr("kosmoss.devices.cpus.available_cores", lambda: 2)
     monkeypatch.setattr(projection, "thread_speedup", lambda batch, threads, **k: 0.5)
     plan = plan_for(random_dataset)
     alone = runner.ThreadProbes([BY_ID["raw-cpu"], BY_ID["kosmoss-cpu"]], plan)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 import torch
-
 from helpers import REPO
+
 from kosmoss.bench import ddp_anatomy
 
 
@@ -39,7 +39,7 @@ def test_every_variant_runs_and_ddp_moves_the_whole_gradient(random_dataset, tmp
 
 
 def _model(dataset):
-    from kosmoss.defaults import DEFAULT_HIDDEN
+    from kosmoss.core.defaults import DEFAULT_HIDDEN
     from kosmoss.model import mlp
 
     return mlp(dataset.n_x, DEFAULT_HIDDEN, dataset.n_y)

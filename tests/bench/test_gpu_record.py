@@ -1,16 +1,16 @@
 """The GPU figures recorded on an H200 (docs/gpu/2026-11-26-*): the shared-GPU row's
-prediction, made again from what the two calls measured, lands within ±25 % (issue 16).
+prediction, made again from what the two calls measured, lands within ±25 %.
 The first call's bench predicted with the comm run's alpha-beta and side-by-side figures
 (1.34: missed); the second call's ddp_anatomy split is what the bench now uses."""
 import json
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
-from kosmoss import projection
+
 from kosmoss.bench import runner
-from kosmoss.projection import Cluster, Link, StepProfile
+from kosmoss.scaling import projection
+from kosmoss.scaling.projection import Cluster, Link, StepProfile
 
 RECORDS = REPO / "docs" / "gpu"
 CALLS = ("2026-11-26-h200/bench.json", "2026-11-26-h200-followup/bench2.json")

@@ -1,4 +1,4 @@
-"""Allocator stability as a number: minor page faults per training step (issue 19).
+"""Allocator stability as a number: minor page faults per training step.
 
 A step that hands a batch-sized buffer back to the system and faults it in again costs
 as much as the arithmetic on 2 cores; on a shared machine the time hides it in the noise,
@@ -15,8 +15,8 @@ from kosmoss.bench.figures import EXTRA_FAULTS_MAX, checks
 from kosmoss.data.store import open_dataset
 from kosmoss.run import RunConfig
 from kosmoss.run.plan import prepare
+from kosmoss.run.throughput import StepClock
 from kosmoss.run.train import train
-from kosmoss.throughput import StepClock
 
 CPU = torch.device("cpu")
 PAGE = mmap.PAGESIZE
@@ -98,7 +98,7 @@ def test_kosmoss_steps_fault_no_more_pages_than_the_raw_loops(shared_home, monke
 
 def test_the_clock_measures_how_much_steps_jitter(monkeypatch):
     """Step times 1, 3, 1, 3 s after the warm-up step: mean 2, standard deviation 1."""
-    from kosmoss import throughput
+    from kosmoss.run import throughput
 
     now = iter([0.0, 1.0, 4.0, 5.0, 8.0])  # the clock's readings at the end of each step
     monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(now))

@@ -5,12 +5,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from kosmoss.bench import step_cost
-from kosmoss.diagnose.heartbeat import Heartbeat
-from kosmoss.hooks import used_hooks
-from kosmoss.run.preemption import StopOnSignal
-from kosmoss.run import train as run_train
 from kosmoss.bench.baselines import RowsInMemory
+from kosmoss.diagnose.heartbeat import Heartbeat
 from kosmoss.model import LitMLP
+from kosmoss.run.lean import LeanLitMLP
+from kosmoss.run import train as run_train
+from kosmoss.run.lean import used_hooks
+from kosmoss.run.preemption import StopOnSignal
 
 
 def test_every_variant_is_timed_and_reported():
@@ -23,7 +24,8 @@ def test_every_variant_is_timed_and_reported():
 
 def test_the_variants_differ_in_what_they_say():
     assert step_cost.StockSetattr.__setattr__ is torch.nn.Module.__setattr__
-    assert LitMLP.__setattr__ is not torch.nn.Module.__setattr__
+    assert LeanLitMLP.__setattr__ is not torch.nn.Module.__setattr__
+    assert not hasattr(step_cost.InspectedStep.training_step, "__signature__")
     # The manual variant really steps the optimizer: its timing is of a training step.
     model = step_cost.tiny(step_cost.ManualStep)
     before = [p.detach().clone() for p in model.parameters()]
@@ -73,11 +75,11 @@ def test_bad_counts_are_one_line(capsys, argv, flag):
 
 def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monkeypatch):
     seen = []
-    real_train, original = step_cost.train, LitMLP._logs_this_step
+    real_train, original = step_cost.train, LeanLitMLP.logs_train_loss_now
 
     def spy(plan):  # run_loggers read from its module, where the "loggers" line patches it
         seen.append((plan.scaling.global_batch_size, plan.config.hidden,
-                     run_train.run_loggers(plan), LitMLP._logs_this_step is original,
+                     run_train.run_loggers(plan), LeanLitMLP.logs_train_loss_now is original,
                      used_hooks(Heartbeat) + used_hooks(StopOnSignal)))
         return real_train(plan)
 
@@ -87,9 +89,10 @@ def test_the_kosmoss_variants_run_kosmoss_and_leave_out_only_what_they_say(monke
         assert step_cost.in_kosmoss(left_out)(5) > 0
     assert step_cost.in_kosmoss()(5) > 0
     # Each patch ends with its variant.
-    assert LitMLP._logs_this_step is original
+    assert LeanLitMLP.logs_train_loss_now is original
     assert used_hooks(Heartbeat) + used_hooks(StopOnSignal) == hooks and len(hooks) == 5
-    no_logging, no_loggers, no_hooks, whole = seen
+    no_logging, every_step, no_loggers, no_hooks, whole = seen
+    assert every_step[3] is False  # patched: logged every step
     batch, hidden, loggers, logs, per_batch = whole
     assert (batch, hidden) == (1, (1,)) and len(loggers) == 2 and logs and per_batch == hooks
     assert no_logging[3:] == (False, hooks) and len(no_logging[2]) == 2

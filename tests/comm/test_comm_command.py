@@ -71,7 +71,7 @@ def test_a_real_two_rank_gloo_run(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_simulated_nodes_time_the_two_halves_of_a_hierarchical_all_reduce(tmp_path, capsys,
                                                                           monkeypatch):
-    from kosmoss.projection import links_from_comm
+    from kosmoss.scaling.projection import links_from_comm
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     # Sizes beyond the latency regime: the fit's slope is positive however loaded the host.

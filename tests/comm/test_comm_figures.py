@@ -1,8 +1,8 @@
 """The arithmetic of ``kosmoss comm`` on synthetic timings: exact values."""
 import pytest
 
-from kosmoss.comm import figures
-from kosmoss.errors import UsageError
+from kosmoss.core.errors import UsageError
+from kosmoss.scaling import allreduce as figures
 
 MIB = 2**20
 

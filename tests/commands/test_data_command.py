@@ -11,13 +11,13 @@ import time
 from importlib.util import find_spec
 
 import pytest
-
 from helpers import REPO, run_script
+
 from kosmoss.commands import data
+from kosmoss.core.errors import UsageError
 from kosmoss.data import presets
 from kosmoss.data.stats import Statistics
 from kosmoss.data.store import sha256_of
-from kosmoss.errors import UsageError
 
 
 def test_prepare_then_info(tmp_path):
@@ -94,7 +94,7 @@ def test_maelstrom_without_the_extra_names_the_install(data_cli, kosmoss_home):
     assert not (kosmoss_home / "data").exists() or not any((kosmoss_home / "data").iterdir())
 
 
-# ------------------------------------------------ requests, names, --force (issue 13)
+# ------------------------------------------------ requests, names, --force
 
 
 def _metadata(folder):
@@ -102,7 +102,7 @@ def _metadata(folder):
 
 
 def test_default_names_spell_out_the_request(data_cli, kosmoss_home):
-    # Issue 13: --seed 1 then --seed 2 printed the same folder, holding seed 1.
+    # Once: --seed 1 then --seed 2 printed the same folder, holding seed 1.
     code, first, _ = data_cli("prepare", *SMALL, "--seed", "1")
     assert code == 0
     code, second, _ = data_cli("prepare", *SMALL, "--seed", "2")
@@ -204,7 +204,7 @@ def _advice(line):
 ])
 def test_the_advice_after_a_checksum_error_fixes_it(data_cli, tiny_preset, kosmoss_home,
                                                      prepared, name, expected):
-    # Issue 13: the advised `kosmoss data prepare tiny` exited 0 and changed nothing.
+    # Once: the advised `kosmoss data prepare tiny` exited 0 and changed nothing.
     assert data_cli("prepare", *prepared)[0] == 0
     _corrupt_first_shard(kosmoss_home / "data" / name)
     code, _, err = data_cli("info", name, "--verify")
@@ -252,7 +252,7 @@ def test_info_counts_constant_features(data_cli):
 @pytest.mark.slow
 def test_kill_9_during_prepare_leaves_a_folder_that_info_reports_and_removes(data_cli,
                                                                              kosmoss_home):
-    # Issue 13: such a folder (290-360 MB for `small`) was never removed nor reported.
+    # Once: such a folder (290-360 MB for `small`) was never removed nor reported.
     env = {**os.environ, "KOSMOSS_HOME": str(kosmoss_home)}
     # The command's own module: `python -m kosmoss` would spend seconds importing torch first.
     writer = subprocess.Popen([sys.executable, "-m", "kosmoss.commands.data", "prepare",

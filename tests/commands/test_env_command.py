@@ -2,9 +2,9 @@
 import json
 
 import pytest
-
 from helpers import run_script
-from kosmoss.environment import detect_launcher
+
+from kosmoss.devices.environment import detect_launcher
 
 
 def test_env_json_describes_this_machine(tmp_path):

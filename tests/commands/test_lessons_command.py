@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO, run_script
+
 from kosmoss import cli
 from kosmoss.commands import lessons as command
-from kosmoss.lessons import COMPANIONS, MANIFEST, SCRIPTS, lesson_sources
+from kosmoss.lessons.course import COMPANIONS, MANIFEST, SCRIPTS, lesson_sources
 
 LESSONS = [p.name for p in lesson_sources(REPO)]
 NOTEBOOKS = [name.replace(".py", ".ipynb") for name in LESSONS]
@@ -146,7 +146,7 @@ def test_a_non_editable_install_ships_the_lessons(tmp_path):
     (wheel,) = (tmp_path / "wheel").glob("kosmoss-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--no-compile",
                     "--target", str(tmp_path / "site"), str(wheel)], check=True)
-    env_code = ("import kosmoss, kosmoss.lessons as l, kosmoss.cli as c, sys; "
+    env_code = ("import kosmoss, kosmoss.lessons.course as l, kosmoss.cli as c, sys; "
                 "print(kosmoss.__file__); print(l.source_root()); "
                 "sys.exit(c.main(['lessons', '--dest', 'work']))")
     proc = subprocess.run([sys.executable, "-c", env_code], cwd=tmp_path, capture_output=True,

@@ -1,10 +1,10 @@
-"""A folder answers only the request it was prepared from (issue 13), MAELSTROM included."""
+"""A folder answers only the request it was prepared from, MAELSTROM included."""
 import numpy as np
 import pytest
 
+from kosmoss.core.errors import DatasetError
 from kosmoss.data.schema import ColumnSchema
 from kosmoss.data.store import prepare
-from kosmoss.errors import DatasetError
 
 xr = pytest.importorskip("xarray")
 
@@ -20,7 +20,7 @@ def _patch(seed: int, schema=ColumnSchema(3), n: int = 16):
 
 
 def test_another_maelstrom_patch_is_not_answered_with_the_first(tmp_path):
-    # Issue 13: asking for patch 2 after patch 0 returned the patch-0 data.
+    # Once: asking for patch 2 after patch 0 returned the patch-0 data.
     first = prepare(MaelstromSource(patch=[0], xarray_dataset=_patch(0)), tmp_path / "m", 8)
     with pytest.raises(DatasetError, match=r"m: holds another dataset: patch \[0\] \(asked \[2\]"):
         prepare(MaelstromSource(patch=[2], xarray_dataset=_patch(2)), tmp_path / "m", 8)

@@ -23,7 +23,7 @@ def _statistics_of(x: np.ndarray, chunk: int = 300) -> Statistics:
 
 
 def test_tiny_valued_features_that_vary_are_not_constant():
-    # Issue 17: ccl4_vmr (~8e-11, 0.5 % scatter) has std ~4e-13, under the old absolute cut
+    # Once: ccl4_vmr (~8e-11, 0.5 % scatter) has std ~4e-13, under the old absolute cut
     # of 1e-12, and was divided by one: erased from the model's input.
     rng = np.random.default_rng(0)
     n = 2048

@@ -3,12 +3,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from helpers import RandomSource
+
+from kosmoss.core.errors import DatasetError, UsageError
 from kosmoss.data import presets, store
-from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
 from kosmoss.data.stats import Statistics
-from kosmoss.errors import DatasetError, UsageError
+from kosmoss.data.store import METADATA_FILE, open_dataset, prepare
 
 
 def _all_rows(dataset):
@@ -56,7 +56,7 @@ def test_interrupted_preparation_leaves_nothing_that_loads(tmp_path):
 
 
 def test_same_request_is_reused_and_another_is_an_error_naming_the_difference(tmp_path):
-    # Issue 13: asking for seed 2 in a folder holding seed 1 returned the seed-1 data.
+    # Once: asking for seed 2 in a folder holding seed 1 returned the seed-1 data.
     first = prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=100)
     again = prepare(RandomSource(200, seed=1), tmp_path / "d", shard_size=100)
     assert again.reused and not first.reused and again.shards == first.shards
@@ -151,7 +151,7 @@ def test_quick_verify_hashes_only_files_changed_since_they_matched(random_datase
 
 
 def test_statistics_of_another_feature_count_are_named(random_dataset):
-    # Issue 13: such a stats.npz passed `data info --verify`, then crashed training.
+    # Once: such a stats.npz passed `data info --verify`, then crashed training.
     file = random_dataset.path / store.STATS_FILE
     stats = random_dataset.statistics()
     Statistics(stats.x_mean[:-1], stats.x_std[:-1], stats.y_mean, stats.y_std).save(file)

@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 import torch
-
 from diagnose_helpers import end_all, environment, wait_until
 from helpers import REPO
+
 from kosmoss import cli, ghosts
 
 pytestmark = [pytest.mark.gpu,
@@ -90,7 +90,7 @@ NCCL_RANK = textwrap.dedent("""
 
 
 def test_nccl_flight_recorder_dumps_into_the_run_directory(tmp_path, kosmoss_home):
-    from kosmoss.launch import free_port
+    from kosmoss.launch.ports import free_port
 
     run_dir = kosmoss_home / "runs" / "20260101-000000-nccl01"
     run_dir.mkdir(parents=True)

@@ -11,10 +11,11 @@ import subprocess
 import sys
 
 import pytest
-
 from diagnose_helpers import end_all, environment, wait_until
 from helpers import REPO
-from kosmoss import cli, records
+
+from kosmoss import cli
+from kosmoss.launch import records
 
 MARKED = REPO / "tests" / "ghosts" / "marked_process.py"
 RUN_ID = "20260101-000000-marked"

@@ -1,5 +1,5 @@
 """A 2-rank Lightning DDP run on CPU (gloo) with kosmoss's diagnose callbacks and one fault
-made for real, recorded in RUN_DIR the way kosmoss records its runs (kosmoss.records):
+made for real, recorded in RUN_DIR the way kosmoss records its runs (kosmoss.launch.records):
 
     python tests/diagnose/tiny_run.py RUN_DIR --slow-rank 1 --slow-ms 40 --sleep-when FILE
         rank 1 does 40 ms more CPU work per step (a straggler); once FILE exists, it writes
@@ -22,9 +22,9 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
-from kosmoss import records
 from kosmoss.diagnose.hang import StartupCheck, is_collective_timeout, write_stacks
 from kosmoss.diagnose.heartbeat import Heartbeat
+from kosmoss.launch import records
 
 RANK = int(os.environ.get("LOCAL_RANK", 0))
 

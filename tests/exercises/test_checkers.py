@@ -8,8 +8,8 @@ import re
 import pytest
 
 from kosmoss.exercises import check, exercises, skeleton, statement
-from kosmoss.exercises.core import (CORRECT, ERROR, LESSON_MODULES, WRONG, cell_source, find,
-                                    judge_sources, marked_id, run_cell)
+from kosmoss.exercises.core import CORRECT, ERROR, LESSON_MODULES, WRONG, find, marked_id, run_cell
+from kosmoss.exercises.judging import cell_source, judge_sources
 
 ALL = exercises()
 IN_PROCESS = [e for e in ALL if not e.distributed]

@@ -15,7 +15,8 @@ import pytest
 from helpers import REPO
 from kosmoss import cli
 from kosmoss.exercises import exercises
-from kosmoss.exercises.core import CORRECT, WRONG, find, judge_sources
+from kosmoss.exercises.core import CORRECT, WRONG, find
+from kosmoss.exercises.judging import judge_sources
 
 LESSONS = {"09": "09_communication.py", "10": "10_when_it_hangs.py",
            "11": "11_memory_and_beyond_ddp.py"}

@@ -1,5 +1,5 @@
 """A process that joins a kosmoss run the way ``kosmoss.run.train.run`` does
-(``kosmoss.records.start``), then sleeps: the record rules tested on real processes without
+(``kosmoss.launch.records.start``), then sleeps: the record rules tested on real processes without
 the cost of importing torch. ``--spawn`` starts a second one the way Lightning starts rank 1
 (from ``os.environ``, which carries the marks); ``--fork-worker`` forks a child the way a
 DataLoader does; ``--finish STATE`` ends its part of the run and lives on (``--child-finish``:
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from kosmoss import records
+from kosmoss.launch import records
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""Ghosts found from their own marks, whatever their KOSMOSS_HOME (issue 13, item 2), with the
-causes that make them matter (issue 15, item 4): a port a new run wants, an orphaned rank,
+"""Ghosts found from their own marks, whatever their KOSMOSS_HOME, with the
+causes that make them matter: a port a new run wants, an orphaned rank,
 a data worker of a dead rank; and ``--stacks`` before ``--kill``. Processes marked as
 kosmoss marks its ranks (marked_process.py): no torch, a few seconds in all."""
 from __future__ import annotations
@@ -12,10 +12,11 @@ import sys
 
 import psutil
 import pytest
-
 from ghost_helpers import alive, end_all, start_marked, wait_until
-from kosmoss import cli, ghosts, records
-from kosmoss.launch import free_port, port_is_free
+
+from kosmoss import cli, ghosts
+from kosmoss.launch import records
+from kosmoss.launch.ports import free_port, port_is_free
 
 RUN_ID = "20260101-000000-abcdef"
 
@@ -82,7 +83,10 @@ def test_orphans_of_a_deleted_home_are_found_and_why_they_matter(tmp_path, monke
     assert cli.main(["ghosts", "--stacks", "--json"]) == 0
     (listed,) = [g for g in json.loads(capsys.readouterr().out) if g["pid"] == rank1]
     assert "time.sleep(120)" in listed["stack"] and "marked_process.py" in listed["stack"]
-    assert listed["causes"] == ghost.causes
+    # The same causes; the RAM it frees is read again, and a live process's RAM moves.
+    steady = lambda causes: [c for c in causes if not c.startswith("frees at least")]  # noqa: E731
+    assert steady(listed["causes"]) == steady(ghost.causes) and len(listed["causes"]) == \
+        len(ghost.causes)
     assert cli.main(["ghosts", "--kill", "--grace", "1"]) == 0
     assert f"ended 1 process(es) (pid {rank1})" in capsys.readouterr().out
     assert not alive(rank1) and port_is_free(port)

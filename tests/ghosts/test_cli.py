@@ -11,11 +11,11 @@ import sys
 
 import psutil
 import pytest
+from ghost_helpers import alive, end_all, processes_of, start, wait_until
 
 import kosmoss
-from ghost_helpers import alive, end_all, processes_of, start, wait_until
-from kosmoss.launch import port_is_free
 from kosmoss import cli
+from kosmoss.launch.ports import port_is_free
 
 LISTENER = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"
             "print(s.getsockname()[1], flush=True); time.sleep(120)")

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 import torch
+from ghost_helpers import alive, end_all, start, wait_until
+from helpers import RandomSource
 
 import kosmoss
-from ghost_helpers import alive, end_all, start, wait_until
-from kosmoss.launch import port_is_free
-from helpers import RandomSource
-from kosmoss import cli, ghosts, records
+from kosmoss import cli, ghosts
 from kosmoss.data.store import prepare
+from kosmoss.launch import records
+from kosmoss.launch.ports import port_is_free
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -13,12 +13,13 @@ import sys
 import time
 
 import pytest
-
 from ghost_helpers import alive, end_all, processes_of, start, wait_until
-from kosmoss.launch import port_is_free
 from helpers import STARTUP_TIMEOUT_S, RandomSource
-from kosmoss import cli, ghosts, records
+
+from kosmoss import cli, ghosts
 from kosmoss.data.store import prepare
+from kosmoss.launch import records
+from kosmoss.launch.ports import port_is_free
 
 pytestmark = pytest.mark.slow
 # A long collective timeout: at load 10+ on 2 cores a rank took over 120 s (the default) to

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import pytest
 
+import pytest
 from ghost_helpers import alive, end_all, start_marked, wait_until
-from kosmoss import ghosts, records
+
+from kosmoss import ghosts
+from kosmoss.launch import records
 
 
 @pytest.fixture
@@ -102,7 +104,7 @@ def test_a_forked_data_worker_outliving_its_rank_is_listed(run_dir, kosmoss_home
 
 @pytest.fixture
 def no_settle(monkeypatch):
-    monkeypatch.setattr(ghosts, "SETTLE_S", 0.0)  # the time a run's processes get to exit
+    monkeypatch.setattr("kosmoss.ghosts.find.SETTLE_S", 0.0)  # the time a run's processes get to exit
 
 
 def test_a_rank_outliving_its_ended_run(run_dir, kosmoss_home, started, tmp_path, no_settle):

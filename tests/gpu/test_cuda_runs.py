@@ -6,11 +6,11 @@ import warnings
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers import run_script
 from pytorch_lightning.strategies import DDPStrategy
 
-from helpers import run_script
 from kosmoss.data.datamodule import FlattenedDataModule
-from kosmoss.devices import sharing
+from kosmoss.devices.policy import sharing
 from kosmoss.model import LitMLP
 
 pytestmark = [pytest.mark.gpu,

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
 from hvdrun import clean_env
+
 from kosmoss import engines, launch
+from kosmoss.core.errors import UsageError
+from kosmoss.devices.environment import detect_launcher
 from kosmoss.run.flags import in_flag_terms
-from kosmoss.environment import detect_launcher
-from kosmoss.errors import UsageError
 
 TINY = ["--dataset", "tiny", "--no-progress", "--max-steps", "2"]
 # sys.modules["horovod"] = None: find_spec says "not installed" and every import fails.

@@ -3,13 +3,12 @@ import json
 import sys
 import time
 
-import pytest
-
-from helpers import REPO
 import psutil
+import pytest
+from helpers import REPO
 
-from kosmoss.lessons import (NOTEBOOK_COLUMNS, QUICK_ENV, on_ranks, quick, quiet_lightning, script,
-                             sh, source_root)
+from kosmoss.lessons.course import (NOTEBOOK_COLUMNS, QUICK_ENV, on_ranks, quick, quiet_lightning,
+                                    script, sh, source_root)
 
 
 def test_source_root_is_this_checkout():

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, run_script
 
-from kosmoss.lessons import LESSON_GLOB, QUICK_ENV
+from kosmoss.lessons.course import LESSON_GLOB, QUICK_ENV
 
 LESSONS = sorted(p.name for p in (REPO / "notebooks").glob(LESSON_GLOB))
 CELL_TIMEOUT_S = 600  # lesson 8's cell runs `kosmoss bench --quick` (about 3 minutes here)
@@ -190,7 +189,7 @@ def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, monkeyp
         nbformat.write(notebook, executed_folder / f"{name[:-3]}.ipynb")
         left_behind = _end_ghosts()
     assert not left_behind, f"the lesson left processes of its runs running: {left_behind}"
-    # The kernel has exited: its scratch folders (kosmoss.lessons.scratch_folder) are gone.
+    # The kernel has exited: its scratch folders (kosmoss.lessons.course.scratch_folder) are gone.
     scratch_left = set(Path(tempfile.gettempdir()).glob(own_scratch)) - scratch_before
     assert not scratch_left, f"the lesson left scratch folders: {sorted(scratch_left)}"
     seconds = time.monotonic() - started
@@ -229,7 +228,8 @@ def _text(cell) -> str:
 def _end_ghosts() -> list:
     """Processes of the lesson's runs still alive after it (e.g. lesson 6's ghosts if a
     cell failed): end them, so that the next lessons get the cores, and report them."""
-    from kosmoss.ghosts import KOSMOSS_GHOSTS, end_ghosts, find_ghosts
+    from kosmoss.ghosts.find import KOSMOSS_GHOSTS, find_ghosts
+    from kosmoss.ghosts.end import end_ghosts
 
     ghosts = [g for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]
     end_ghosts(ghosts, grace=2)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import psutil
-
 from helpers import REPO, STARTUP_TIMEOUT_S, wait_until
 
 MARKER_TIMEOUT_S = STARTUP_TIMEOUT_S  # a loaded 2-core machine imports torch slowly
@@ -133,9 +132,9 @@ def end_all(home: Path, launcher: subprocess.Popen) -> None:
 
 
 def measuring_rank(rank: int, result: str, abort_after: bool) -> None:
-    """A rank of a measurement (kosmoss.launch.spawn_for_result): rank 0 writes the figures;
+    """A rank of a measurement (kosmoss.launch.spawn.spawn_for_result): rank 0 writes the figures;
     rank 1 aborts (SIGABRT, as a C++ std::terminate does) after they exist or before."""
-    from kosmoss.launch import write_result
+    from kosmoss.launch.spawn import write_result
 
     if rank == 0:
         write_result(result, {"samples_per_s": 123.0})

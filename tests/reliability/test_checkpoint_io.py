@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from kosmoss.errors import RunFailed
+from kosmoss.core.errors import RunFailed
 from kosmoss.run import RunConfig
 from kosmoss.run.faults import AtomicCheckpointIO
 from kosmoss.run.train import build_trainer

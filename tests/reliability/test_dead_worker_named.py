@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kosmoss import records
-from kosmoss.errors import RunFailed
+from kosmoss.core.errors import RunFailed
+from kosmoss.launch import records
 from kosmoss.run import faults
 
 

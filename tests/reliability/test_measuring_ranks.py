@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch.multiprocessing as mp
-
 from fault_helpers import measuring_rank
-from kosmoss.launch import spawn_for_result, write_result
+
+from kosmoss.launch.spawn import spawn_for_result, write_result
 
 
 def test_a_rank_aborting_after_the_figures_exist_keeps_them(tmp_path, capfd):

@@ -1,18 +1,18 @@
 """Nothing outlives its launcher: ``kill -9`` of the process the user started takes every
 rank, node and data worker of the run with it within seconds, and frees the port
 (kosmoss.launch: the parent-death signal). A run.json left ``running`` is then settled
-``killed`` (kosmoss.records.settle_if_gone, what ``kosmoss ghosts`` calls). A killed data
+``killed`` (kosmoss.launch.records.settle_if_gone, what ``kosmoss ghosts`` calls). A killed data
 worker ends its run with one line."""
 import os
 import signal
 import time
 
 import pytest
+from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir,
+                           start, stderr_of, trained, wait_for)
 
-from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir, start,
-                           stderr_of, trained, wait_for)
-from kosmoss import records as run_records
-from kosmoss.launch import port_is_free
+from kosmoss.launch import records as run_records
+from kosmoss.launch.ports import port_is_free
 
 GONE_WITHIN_S = 10
 

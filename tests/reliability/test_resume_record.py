@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import run_script
-from kosmoss.errors import ConfigError
+
+from kosmoss.core.errors import ConfigError
 from kosmoss.run import RunConfig
 from kosmoss.run.flags import in_flag_terms
 

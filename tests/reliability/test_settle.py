@@ -1,11 +1,11 @@
 """A run.json left ``running`` by a launcher killed with ``kill -9`` is settled ``killed``
-once its processes are gone, and only then (kosmoss.records.settle_if_gone)."""
+once its processes are gone, and only then (kosmoss.launch.records.settle_if_gone)."""
 import json
 import os
 import subprocess
 import sys
 
-from kosmoss import records
+from kosmoss.launch import records
 
 
 def _run(tmp_path, launcher, host=None):

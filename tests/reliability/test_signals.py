@@ -6,10 +6,10 @@ import signal
 
 import psutil
 import pytest
+from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir,
+                           start, stderr_of, trained, wait_for)
 
-from fault_helpers import (end_all, exit_code, processes_of, rank_1_started, records, run_dir, start,
-                           stderr_of, trained, wait_for)
-from kosmoss import records as run_records
+from kosmoss.launch import records as run_records
 
 
 def _one_line(home, expected):

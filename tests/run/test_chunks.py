@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import run_script
-from kosmoss.data.datamodule import ChunkedBatchLoader
+
+from kosmoss.core.errors import ConfigError
+from kosmoss.run.chunks import ChunkedBatchLoader
 from kosmoss.data.loading import RankBatchSampler
 from kosmoss.engines import get as get_engine
-from kosmoss.errors import ConfigError
 from kosmoss.run.chunks import STEPS_PER_EXECUTION, steps_per_execution
 
 
@@ -118,7 +118,7 @@ def test_a_multi_rank_prediction_pays_back_the_loop_the_1_rank_row_ran_once_per_
 
 
 def test_kosmoss_project_starts_from_the_reference_as_if_it_ran_one_step_a_batch():
-    from kosmoss.projection import one_step_a_batch
+    from kosmoss.scaling.projection import one_step_a_batch
 
     # 256 samples in 5 ms a step, with a loop of 0.4 ms run once per 8 steps.
     slower = one_step_a_batch(256 / 0.005, 256, {"steps_per_execution": 8, "loop_step_s": 4e-4})

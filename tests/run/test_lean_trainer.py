@@ -1,13 +1,13 @@
-"""What kosmoss's Trainer leaves out of Lightning's per-step Python (issue 19), and that
+"""What kosmoss's Trainer leaves out of Lightning's per-step Python (docs/benchmarks.md), and that
 leaving it out changes nothing a run records."""
 from datetime import timedelta
 
-import pytorch_lightning as pl
 import pytest
+import pytorch_lightning as pl
 
 from kosmoss.run import RunConfig
 from kosmoss.run.callbacks import CheckpointToTheEnd
-from kosmoss.run.profiler import NoProfiler
+from kosmoss.run.lean import NoProfiler
 
 
 def test_the_run_trainer_profiles_nothing_with_one_shared_context(shared_home, monkeypatch):
@@ -37,9 +37,9 @@ def test_the_checkpoint_callback_keeps_lightnings_state_key(tmp_path):
 def test_a_run_calls_per_batch_only_the_hooks_its_callbacks_use(tmp_path):
     from kosmoss.diagnose.hang import StartupCheck
     from kosmoss.diagnose.heartbeat import Heartbeat
-    from kosmoss.hooks import used_hooks
     from kosmoss.run.callbacks import GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
     from kosmoss.run.faults import DeadRankNamed
+    from kosmoss.run.lean import used_hooks
     from kosmoss.run.preemption import StopOnSignal
 
     used = {type(cb).__name__: used_hooks(cb) for cb in (
@@ -56,7 +56,7 @@ def test_a_run_calls_per_batch_only_the_hooks_its_callbacks_use(tmp_path):
 
 
 def test_the_checkpoint_callback_keeps_its_batch_hook_when_it_saves_by_step(tmp_path):
-    from kosmoss.hooks import used_hooks
+    from kosmoss.run.lean import used_hooks
 
     by_step = CheckpointToTheEnd(dirpath=tmp_path, every_n_train_steps=5)
     assert used_hooks(by_step) == ("on_train_batch_end",)

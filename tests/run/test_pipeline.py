@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, run_script
+
+from kosmoss.core.errors import ConfigError
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare as prepare_data
-from kosmoss.errors import ConfigError
-from kosmoss.launch import Launcher
+from kosmoss.launch.topology import Launcher
 from kosmoss.run import RunConfig
 from kosmoss.run.flags import in_flag_terms
 
@@ -118,7 +118,7 @@ def test_auto_puts_the_data_on_the_gpu_when_half_a_rank_share_holds_it(home, mon
     import torch
 
     from kosmoss.data.loading import dataset_bytes
-    from kosmoss.devices import DevicePolicy, Sharing
+    from kosmoss.devices.policy import DevicePolicy, Sharing
     from kosmoss.run import plan as run_plan
 
     gpu = DevicePolicy(gpu=True, index=0, visible=1)

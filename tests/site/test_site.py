@@ -29,11 +29,12 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="needs the lessons extra: pip install -e '.[lessons]'")
 
 from helpers import REPO
-from kosmoss.cli_support import run_command
-from kosmoss.errors import UsageError
-from kosmoss.site import (MARKER, LessonFailed, as_published, build, execute_lessons,
-                          execute_notebook, lesson_datasets, lesson_title, load_executed,
-                          prepare_for_lessons, site_command)
+
+from kosmoss.core.commandline import run_command
+from kosmoss.core.errors import UsageError
+from kosmoss.lessons.site import (MARKER, LessonFailed, as_published, build, execute_lessons,
+                                  execute_notebook, lesson_datasets, lesson_title, load_executed,
+                                  prepare_for_lessons, site_command)
 
 EXECUTED_DIR_ENV = "KOSMOSS_EXECUTED_DIR"
 EXECUTED_FOLDER = "executed-lessons"  # where tests/lessons saves what it ran
@@ -292,10 +293,10 @@ def test_the_lesson_tests_executed_copy_wins_over_the_lesson_beside_it(tmp_path)
 
 
 def test_the_site_command_refuses_a_wrong_folder_before_running_any_lesson(tmp_path, monkeypatch):
-    import kosmoss.site
+    import kosmoss.lessons.site
 
     (tmp_path / "thesis.tex").write_text("x")
-    monkeypatch.setattr(kosmoss.site, "execute_lessons",
+    monkeypatch.setattr(kosmoss.lessons.site, "execute_lessons",
                         lambda *a, **k: pytest.fail("ran the lessons for a folder it refuses"))
     with pytest.raises(UsageError, match="--site .*not empty and not a site"):
         site_command(tmp_path, None)
@@ -337,7 +338,7 @@ def test_prepare_for_lessons_prepares_once_and_builds_the_font_cache(kosmoss_hom
     from kosmoss.data.presets import resolve
 
     tiny = [d for d in lesson_datasets() if d.name == "tiny"]
-    monkeypatch.setattr("kosmoss.site.lesson_datasets", lambda: tiny)  # the others take minutes
+    monkeypatch.setattr("kosmoss.lessons.site.lesson_datasets", lambda: tiny)  # the others take minutes
     lines = []
     prepare_for_lessons(log=lines.append)
     prepare_for_lessons(log=lines.append)

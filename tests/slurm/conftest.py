@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kosmoss.launch import free_port
+from kosmoss.launch.ports import free_port
 
 CONF = """ClusterName=kosmoss-test
 SlurmctldHost={host}

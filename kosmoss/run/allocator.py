@@ -5,7 +5,7 @@ on free; below it, it trims the heap's free top once that exceeds the trim thres
 thresholds move with the process's history (a freed mapping raises them), so the same run
 either reuses its batch, gradient and Adam buffers or faults them in again every step:
 measured here, 1,000+ minor page faults a step and runs that fall into a fast and a slow
-group (issue 19). PyTorch's CPU tuning guide answers with jemalloc or tcmalloc through
+group (docs/bench/2026-11-22.md). PyTorch's CPU tuning guide answers with jemalloc or tcmalloc through
 LD_PRELOAD, which a learner's laptop does not have; ``mallopt`` fixes glibc's two
 thresholds instead, which also ends their drift. The cost: memory freed below 32 MiB stays
 in the process for its next batch, bounded by the peak it already reached.

@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional
 
 import psutil
 
-from .files import atomic_write_json
+from ..core.files import atomic_write_json
 
 RUN_ID_ENV = "KOSMOSS_RUN_ID"
 LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"

@@ -8,7 +8,7 @@ and the bench need one number and the same rule on both sides, so it is kept her
 
 The clock also counts this process's minor page faults over the same timed steps: a step
 that hands its buffers back to the system and faults them in again costs as much as the
-arithmetic here (issue 19), and the count shows it where timings on a shared machine don't.
+arithmetic here (docs/bench/2026-11-22.md), and the count shows it where timings on a shared machine don't.
 It reads them where an interval of steps starts and where it pauses, never per step:
 ``getrusage(RUSAGE_SELF)`` sums every thread's counters: after a 2-thread matmul on this
 2-core VM it took 4 µs (mean) with the other core idle, but a mean of 0.5 ms (up to 8 ms)
@@ -69,7 +69,7 @@ class StepClock:
     def step_cv(self) -> Optional[float]:
         """Standard deviation of the timed steps ÷ their mean: how much a step jitters. Ranks
         that meet at every step wait for the slowest, so jitter costs DDP time
-        (kosmoss.projection)."""
+        (kosmoss.scaling.projection)."""
         if self.steps < 2 or self.elapsed <= 0:
             return None
         mean = self.elapsed / self.steps

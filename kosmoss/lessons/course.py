@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from .errors import UsageError
+from ..core.errors import UsageError
 
 LESSON_GLOB = "[0-9][0-9]*_*.py"  # 01_..., and 03b_... for a lesson placed after lesson 3
 SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
@@ -57,7 +57,7 @@ MANIFEST = ".kosmoss-lessons.json"
 def source_root() -> Path:
     """The folder holding ``notebooks/`` and the scripts: the checkout kosmoss was imported
     from, else the installed copy."""
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]  # kosmoss/lessons/course.py
     if (checkout / "pyproject.toml").is_file() and (checkout / "notebooks").is_dir():
         return checkout
     installed = _installed_root()
@@ -86,7 +86,7 @@ def _install_candidates() -> Iterator[Path]:
             yield Path(file.locate()).resolve().parent
     yield Path(sysconfig.get_path("data")).joinpath(*SHARE)
     yield Path(sysconfig.get_path("data", f"{os.name}_user")).joinpath(*SHARE)
-    yield Path(__file__).resolve().parent.parent.joinpath(*SHARE)
+    yield Path(__file__).resolve().parents[2].joinpath(*SHARE)
 
 
 def lesson_sources(root: Optional[Path] = None) -> List[Path]:
@@ -161,8 +161,8 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
     forever."""
     import torch.multiprocessing as mp
 
-    from .diagnose.stacks import stacks_text
-    from .launch import free_port
+    from ..launch.ports import free_port
+    from ..diagnose.stacks import stacks_text
 
     context = mp.start_processes(_forked_rank, args=(os.getpid(), function, world_size,
                                                       free_port(), *args),
@@ -186,7 +186,7 @@ def _forked_rank(rank: int, kernel: int, function: Callable, world_size: int, po
                  *args) -> None:
     import torch
 
-    from .launch import die_with
+    from ..launch.lifetime import die_with
 
     die_with(kernel)()
     torch.set_num_threads(1)  # the kernel's OpenMP pool does not survive a fork (lesson 3)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 LR_RULES = ("none", "linear", "sqrt")
 

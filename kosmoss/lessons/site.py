@@ -3,7 +3,7 @@
     kosmoss lessons --site course-site                      # run every lesson now, then build
     kosmoss lessons --site course-site --executed DIR       # publish notebooks already run
     kosmoss lessons --prepare                               # datasets and caches, the day before
-    python -c "from kosmoss.site import build; build('executed/', 'course-site')"
+    python -c "from kosmoss.lessons.site import build; build('executed/', 'course-site')"
 
 The site is one HTML page per lesson, named after its file
 (``04_scaling_the_learning_rate.html``) with every output and plot, one page per Markdown
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Union
 
-from .errors import RunFailed, UsageError
+from ..core.errors import RunFailed, UsageError
 
 MARKER = ".kosmoss-site.json"
 LESSON_PATTERN = re.compile(r"\A(?:executed-)?(\d\d[a-z]?_\w+)\.ipynb\Z")
@@ -263,7 +263,7 @@ def _exporter():
 def as_published(notebook):
     """A copy of the executed lesson as a learner opens it: exercise cells hold the
     skeleton (tests run them with the reference answer), checker cells no verdict."""
-    from .exercises.core import find
+    from ..exercises.core import find
 
     published = copy.deepcopy(notebook)
     for cell in published.cells:
@@ -327,7 +327,7 @@ def _docs_root(docs, log: Callable[[str], None]) -> Optional[Path]:
     if docs is None or docs is False:
         return None
     if docs is True:
-        from .lessons import source_root
+        from .course import source_root
 
         root = source_root()
         if not (root / "docs").is_dir():
@@ -455,7 +455,7 @@ def execute_lessons(names: Optional[Iterable[str]] = None, *, timeout: int = CEL
     """Run lessons (all by default; names like ``01_context_and_data``) in a fresh working
     folder made as ``kosmoss lessons`` makes it, in this KOSMOSS_HOME; notebooks and the
     seconds each took (``notebook.metadata["kosmoss"]["seconds"]``)."""
-    from .lessons import bundle, copy_lessons, lesson_sources, source_root, to_ipynb
+    from .course import bundle, copy_lessons, lesson_sources, source_root, to_ipynb
 
     available = [lesson.stem for lesson in lesson_sources()]
     wanted = list(names) if names is not None else available
@@ -478,7 +478,7 @@ def execute_lessons(names: Optional[Iterable[str]] = None, *, timeout: int = CEL
 def site_command(site: Path, executed: Optional[Path], log: Callable[[str], None] = print) -> Site:
     """``kosmoss lessons --site DIR [--executed FOLDER]``: publish the notebooks in FOLDER,
     or run every lesson first (the course's whole run time) when FOLDER is not given."""
-    from .lessons import lesson_sources
+    from .course import lesson_sources
 
     _claim(Path(site), "--site")  # refuse a wrong folder before running anything
     _exporter()
@@ -503,8 +503,8 @@ class LessonDataset:
 def lesson_datasets() -> List[LessonDataset]:
     """Every dataset the lessons open, with the request they make (tests/site checks this
     list against the notebooks' code)."""
-    from .data.presets import PRESETS
-    from .data.sources import SyntheticSource
+    from ..data.presets import PRESETS
+    from ..data.sources import SyntheticSource
 
     presets = [LessonDataset(name, PRESETS[name].source, PRESETS[name].shard_size)
                for name in ("tiny", "small")]  # tiny: most lessons and bench --quick; small: 2
@@ -515,8 +515,8 @@ def lesson_datasets() -> List[LessonDataset]:
 def prepare_for_lessons(log: Callable[[str], None] = print) -> None:
     """Make every dataset and cache the lessons need, so that the first cells of a session
     do not prepare them on every laptop at once. Datasets already there are kept."""
-    from . import paths
-    from .data.store import prepare
+    from ..core import paths
+    from ..data.store import prepare
 
     for dataset in lesson_datasets():
         started = time.monotonic()

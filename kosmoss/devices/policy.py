@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
-from .errors import ConfigError, UsageError
+from ..core.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UsageError
+from ..core.errors import UsageError
+from ..run import lightning_private as private
 
 GB = 1e9
 
@@ -117,9 +118,7 @@ def mlp_shape(n_x: int = 4128, hidden: Sequence[int] = (100, 100, 100), n_y: int
     weight's gradient, and as many for the input's except in the first layer (the data
     needs none); forward costs in·out. Layer k's gradients are ready when backward has
     gone from the last layer down to k."""
-    import torch.distributed as dist
-
-    from .model import mlp
+    from ..model import mlp
 
     linears = [m for m in mlp(n_x, hidden, n_y) if hasattr(m, "weight")]
     forward = [m.in_features * m.out_features for m in linears]
@@ -132,7 +131,7 @@ def mlp_shape(n_x: int = 4128, hidden: Sequence[int] = (100, 100, 100), n_y: int
     # ready, a first bucket of first_bucket_bytes then bucket_bytes each (torch's function).
     ready_order = [(k, p) for k in reversed(range(len(linears)))
                    for p in (linears[k].bias, linears[k].weight)]
-    indices, _ = dist._compute_bucket_assignment_by_size(
+    indices, _ = private.bucket_assignment(
         [p for _, p in ready_order], [first_bucket_bytes, bucket_bytes])
     buckets = tuple((sum(4 * ready_order[i][1].numel() for i in bucket),
                      max(ready_at[ready_order[i][0]] for i in bucket)) for bucket in indices)
@@ -456,7 +455,7 @@ def time_step(batch: int, device: str = "cpu", hidden: Sequence[int] = (100, 100
 
     import torch
 
-    from .model import mlp
+    from ..model import mlp
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
@@ -498,8 +497,8 @@ def ddp_overhead_s(batch: int, threads: int = 1, rounds: int = 7, steps: int = 6
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from .engines.ddp import no_buffer_sync_per_step
-    from .model import mlp
+    from ..engines.ddp import no_buffer_sync_per_step
+    from ..model import mlp
 
     if dist.is_initialized():
         return None

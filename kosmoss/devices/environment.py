@@ -14,7 +14,8 @@ from typing import Dict, Iterator, List, Optional
 
 import psutil
 
-from . import __version__, paths
+from .. import __version__
+from ..core import paths
 from .cpus import available_cores
 
 # Launchers Lightning has no cluster environment for: a variable each sets in every rank.
@@ -75,7 +76,7 @@ def detect_launcher() -> Optional[str]:
 def backends() -> Dict[str, bool]:
     import torch.distributed as dist
 
-    from .engines import horovod
+    from ..engines import horovod
 
     return {
         "gloo": dist.is_available() and dist.is_gloo_available(),

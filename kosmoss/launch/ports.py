@@ -1,0 +1,61 @@
+"""MASTER_PORT: a free one for ranks kosmoss starts, and a busy one named with who holds
+it before anything starts on it."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import List, Optional
+
+import psutil
+
+from ..core.errors import UsageError
+from .topology import Topology
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_master_port(topology: Topology) -> None:
+    """A MASTER_PORT the user set must be free before we start ranks on it, or they would
+    fail with "Address already in use" one by one; name who holds it."""
+    port = os.environ.get("MASTER_PORT")
+    if not port or not topology.launcher.starts_ranks:
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"MASTER_PORT {port!r} is not a TCP port: unset it (kosmoss picks a "
+                         "free one) or give a number from 1 to 65535")
+    if not port_is_free(int(port)):
+        raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
+                         "process, or unset MASTER_PORT and kosmoss picks a free one")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # SO_REUSEADDR: a port in TIME_WAIT is free for us; one being listened on is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_holder(port: int) -> str:
+    pid = next(iter(port_holders(port)), None)
+    if pid is None:
+        return "held by a process this user cannot see"
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        command = "?"
+    return f"held by pid {pid} ({command[:80]})"
+
+
+def port_holders(port: int) -> List[Optional[int]]:
+    """Every process listening on this TCP port (a socket forked into data workers is held
+    by each); None for one this user cannot see."""
+    return [conn.pid for conn in psutil.net_connections(kind="inet")
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN]

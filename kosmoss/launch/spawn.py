@@ -1,0 +1,51 @@
+"""Ranks that measure something (``kosmoss comm``, the bench's DDP anatomy): spawned,
+rank 0 writes the figures whole, and every rank leaves without the interpreter's
+finalisation."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Callable
+
+
+def write_result(path: str, data: dict) -> None:
+    """Rank 0's figures, whole or not at all (a SIGTERM from the spawner mid-write must not
+    leave half a file that reads as a result)."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as handle:
+        json.dump(data, handle)
+    os.replace(partial, path)
+
+
+def leave_rank() -> None:
+    """End a spawned rank whose work is done, skipping the interpreter's finalisation: there
+    C++ static destructors run beside gloo's threads, and a comm rank aborted in them in 1
+    of 34 runs here ("terminate called without an active exception", SIGABRT, no Python
+    frame left; 0 of 124 after this). A forked multiprocessing child ends this way too."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) -> dict:
+    """Run ``function(rank, *args)`` in ``nprocs`` spawned processes (``spawn``: a fresh
+    interpreter per rank, as a launcher starts it) and return what rank 0 wrote to ``result``
+    with :func:`write_result` after its last collective.
+
+    A rank that dies by a signal once that file exists died tearing down: every rank's
+    collectives had completed, so the figures are kept, with a warning (ranks end with
+    :func:`leave_rank`, which avoids the one such death seen). A rank that fails before, or
+    raises, fails the measurement."""
+    import torch.multiprocessing as mp
+
+    try:
+        mp.start_processes(function, args=args, nprocs=nprocs, join=True, start_method="spawn")
+    except mp.ProcessExitedException as failure:
+        if not failure.signal_name or not os.path.exists(result):
+            raise
+        print(f"kosmoss: rank {failure.error_index} ended with {failure.signal_name} after "
+              "its collectives had completed (tearing down); the figures are kept",
+              file=sys.stderr)
+    with open(result) as handle:
+        return json.load(handle)
