@@ -3,30 +3,33 @@
 The model, data module and trainup scripts a lesson shows are textbook Lightning; the run
 path (:func:`kosmoss.run.train.train`) instantiates these subclasses of them instead. Each
 trim changes no number a run records (tests/run/test_lean.py) and saves what
-``python -m kosmoss.bench.step_cost`` measures, a variant per trim (figures: 2 CPU cores,
-2026-11-26, docs/benchmarks.md "Where the run path's trims come from"):
+``python -m kosmoss.bench.step_cost --steps 2000 --repeats 3`` measures, a variant per trim
+(2 CPU cores, 2026-11-26 18:50 UTC, median of 3; a step of the one-unit model costs
+~330 µs written out by hand, ~575 µs in Lightning's barebones Trainer):
 
-========================================  ==========================================  ========
-trim                                      what Lightning does every step without it   saves
-========================================  ==========================================  ========
-:class:`NoProfiler`                       builds a generator context around each of   ~130 µs
-                                          ~46 hook calls (PassThroughProfiler)
-:meth:`LeanLitMLP.__setattr__`            checks its hook name (44 sets a step)       ~170 µs
-                                          against parameters, buffers and modules
-``LeanLitMLP.training_step.__signature__``  ``inspect.getfullargspec`` of the step      ~27 µs
-:meth:`LeanLitMLP.log` (train_loss)       ``self.log`` each step (~40 µs, and a       ~40 µs
-                                          collective under DDP: ``sync_dist``)
-:class:`LeanCallback`                     calls every per-batch hook of every         ~1 µs a
-                                          callback, overridden or not                 hook
-:class:`LeanModelCheckpoint`              formats ``state_key`` from a dict's repr     ~25 µs
-                                          per hook call, and a no-op batch hook
-========================================  ==========================================  ========
+======================================  =======================================  =========
+trim                                    what Lightning does every step without   saves
+======================================  =======================================  =========
+:meth:`LeanLitMLP.log` (train_loss)     ``self.log`` with ``sync_dist`` each      ~340 µs
+                                        step, not only on the loggers' steps
+:meth:`LeanLitMLP.__setattr__`          checks its hook name (44 sets a step)    ~77 µs
+                                        against parameters, buffers, modules
+:class:`NoProfiler`                     a generator context around each of ~46   ~35 µs
+                                        hook calls (PassThroughProfiler)
+:class:`LeanModelCheckpoint`            ``state_key`` from a dict's repr per      ~26 µs
+                                        hook call, and a no-op batch hook
+``LeanLitMLP.training_step``            ``inspect``'s full argspec of the step    ~15 µs
+``.__signature__``
+:class:`LeanCallback`                   every per-batch hook of every callback,  ~4 µs a
+                                        overridden or not                        callback
+======================================  =======================================  =========
 
-The other run-layer levers have modules of their own: several optimizer steps per step of
-Lightning's loop (:mod:`.chunks`), glibc's malloc thresholds (:mod:`.allocator`), and the
-per-step SIGTERM broadcast (:mod:`.preemption`). Every private Lightning name these touch is
-read or written through :mod:`.lightning_private`, which a test checks against the installed
-Lightning.
+The three trims of LeanLitMLP together: the textbook LitMLP costs ~436 µs a step more in a
+Trainer that logs. The other run-layer levers have modules of their own: several optimizer
+steps per step of Lightning's loop (:mod:`.chunks`: ~185 µs a step here), glibc's malloc
+thresholds (:mod:`.allocator`), and the per-step SIGTERM broadcast (:mod:`.preemption`).
+Every private Lightning name these touch is read or written through
+:mod:`.lightning_private`, which a test checks against the installed Lightning.
 """
 from __future__ import annotations
 
