@@ -47,8 +47,16 @@ source scripts/gpu_wheels.sh  # CARRIED, WHEEL_DIR_DEFAULT, wheel_glob
 
 # The anatomy last: the bench measures its first three lines itself (the shared-GPU
 # prediction); the step adds the DDP lines, for when the budget allows.
-STEPS=(install env data pytest headline bf16 ghost bench sweep anatomy)
-NEEDS_DATA=(headline bf16 sweep bench anatomy)
+STEPS=(install env data pytest headline bf16 ghost bench sweep anatomy ladder lessons)
+NEEDS_DATA=(headline bf16 sweep bench anatomy ladder)
+# What one call runs: each profile fits the device tool's 10-minute call with room to spare
+# (an H100 on 2026-11-26 took 330 s for check's steps). install always runs.
+declare -A PROFILES=([check]="env,data,pytest,headline,bf16,ghost"
+                     [bench]="data,bench,sweep,anatomy"
+                     [ladder]="data,ladder"
+                     [lessons]="lessons")
+PROFILE_ORDER="check, bench, ladder, lessons"
+LADDER_BATCHES="max"  # after --gpu-batch: the ladder's top rung at the largest batch too
 # What kosmoss and its GPU tests import that the GPU machine's image already holds.
 REQUIRED_THERE=(torch pytorch-lightning torchmetrics numpy psutil rich tensorboard matplotlib
                 pytest pytest-timeout)
@@ -56,7 +64,8 @@ BENCH_ROWS=(raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-b
 SWEEP_BATCHES=4096,16384,32768
 SHARD_SIZE=16384
 declare -A LIMIT_S=([install]=120 [env]=60 [data]=300 [pytest]=300 [headline]=150 [bf16]=120
-                    [ghost]=150 [sweep]=150 [bench]=420 [anatomy]=150)
+                    [ghost]=150 [sweep]=150 [bench]=420 [anatomy]=150 [ladder]=420
+                    [lessons]=540)
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 
@@ -68,12 +77,12 @@ positive() {  # positive FLAG VALUE
 
 parse_args() {
     DRY_RUN=0 OUT_ARG="" WHEELS=$WHEEL_DIR_DEFAULT ONLY="" BUDGET=560 COLUMNS=131072
-    GPU_BATCH=16384 TESTS=tests
+    GPU_BATCH=16384 TESTS=tests PROFILE=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --dry-run) DRY_RUN=1; shift; continue ;;
             -h|--help) usage; exit 0 ;;
-            --out|--wheels|--only|--budget|--columns|--gpu-batch|--tests)
+            --out|--wheels|--only|--budget|--columns|--gpu-batch|--tests|--profile)
                 [ $# -ge 2 ] || die "$1 needs a value (see --help)" ;;
             *) die "unknown argument $1 (see --help)" ;;
         esac
@@ -81,6 +90,7 @@ parse_args() {
             --out) OUT_ARG=$2 ;;
             --wheels) WHEELS=$2 ;;
             --only) ONLY=$2 ;;
+            --profile) PROFILE=$2 ;;
             --tests) TESTS=$2 ;;
             --budget) positive "$1" "$2"; BUDGET=$2 ;;
             --columns) positive "$1" "$2"; COLUMNS=$2 ;;
@@ -90,6 +100,13 @@ parse_args() {
     done
     [ -n "$OUT_ARG" ] && [[ $OUT_ARG != /* ]] && OUT_ARG=$ORIGIN/$OUT_ARG
     [[ $WHEELS != /* ]] && [ "$WHEELS" != "$WHEEL_DIR_DEFAULT" ] && WHEELS=$ORIGIN/$WHEELS
+    [ -n "$PROFILE" ] && [ -n "$ONLY" ] && die "--profile and --only: give one of them"
+    if [ -n "$PROFILE" ]; then
+        [ -n "${PROFILES[$PROFILE]+set}" ] || die "--profile $PROFILE: no such profile; choose from $PROFILE_ORDER"
+    elif [ -z "$ONLY" ]; then
+        PROFILE=check
+    fi
+    [ -n "$PROFILE" ] && ONLY=${PROFILES[$PROFILE]}
     local step
     for step in ${ONLY//,/ }; do
         [[ " ${STEPS[*]} " == *" $step "* ]] || die "--only $step: no such step; choose from ${STEPS[*]}"
@@ -151,10 +168,17 @@ carried_wheel() {  # carried_wheel SPEC: its wheel file, or a one-line error
     echo "${matches[0]}"
 }
 
+carried_here() {  # the carried specs this call needs: the lessons' only for their step
+    printf '%s\n' "${CARRIED[@]}"
+    selected lessons && printf '%s\n' "${LESSON_CARRIED[@]}"
+    return 0
+}
+
 check_wheels() {
     local spec matches
     [ -d "$WHEELS" ] || die "missing wheel folder $WHEELS: fetch the wheels with bash scripts/gpu_wheels.sh"
-    for spec in "${CARRIED[@]}"; do
+    mapfile -t CARRIED_HERE < <(carried_here)
+    for spec in "${CARRIED_HERE[@]}"; do
         carried_wheel "$spec" >/dev/null || exit 2
     done
     mapfile -t matches < <(compgen -G "$WHEELS/kosmoss-*-py3-none-any.whl")
@@ -180,7 +204,7 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
         install)
             CMD=(install_wheels)
             site_wheels=$(basename "${KOSMOSS_WHEEL:-kosmoss-*.whl}")
-            SHOWN="$PY -m pip install --no-index --no-deps --no-compile --target $SITE $WHEELS/$site_wheels, and of $(printf '%s ' "${CARRIED[@]}")only those the machine lacks" ;;
+            SHOWN="$PY -m pip install --no-index --no-deps --no-compile --target $SITE $WHEELS/$site_wheels, and of $(printf '%s ' "${CARRIED_HERE[@]}")only those the machine lacks" ;;
         env) CMD=(show_env); SHOWN="$PY -m kosmoss env" ;;
         data) CMD=("$PY" -m kosmoss data prepare --columns "$COLUMNS" --shard-size "$SHARD_SIZE"
                    --name "$DATASET") ;;
@@ -202,11 +226,16 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
         anatomy) CMD=("$PY" -m kosmoss.bench.ddp_anatomy --device cuda
                       --dataset "$SCRATCH/home/data/$DATASET" --batch-size "$GPU_BATCH"
                       --steps 100 --repeats 1 --json "$SCRATCH/anatomy.json") ;;
+        ladder) CMD=("$PY" -m kosmoss.bench.ladder --device cuda
+                     --dataset "$SCRATCH/home/data/$DATASET" --batch-size "$GPU_BATCH"
+                     $LADDER_BATCHES --steps 300 --out "$SCRATCH/ladder.json") ;;
+        lessons) CMD=("$PY" "$HELPER" lessons "$SCRATCH" "$OUT_DIR")
+                 SHOWN="KOSMOSS_LESSON_QUICK=1: every lesson (kosmoss.lessons.site.execute_lessons, nbclient) on the GPU, one at a time; each lesson's time, and its cells that said they ran on CPU" ;;
         bench) CMD=("$PY" -m kosmoss bench --only "${BENCH_ROWS[@]}" --dataset "$DATASET"
                     --gpu-batch-size "$GPU_BATCH" --steps 300 --repeats "$(bench_repeats)"
                     --out "$SCRATCH/bench") ;;
     esac
-    case $1 in install|env|ghost|sweep) ;; *) SHOWN="${CMD[*]}" ;; esac
+    case $1 in install|env|ghost|sweep|lessons) ;; *) SHOWN="${CMD[*]}" ;; esac
 }
 
 bench_repeats() {  # a bench killed by its limit writes nothing: one repeat when time is short
@@ -301,7 +330,7 @@ print_plan() {
         command_of "$step"
         printf '  %-9s (limit %3s s)  %s\n' "$step" "${LIMIT_S[$step]}" "$SHOWN"
     done
-    echo "wheels: $KOSMOSS_WHEEL (matches the checkout) and $(printf '%s ' "${CARRIED[@]}")in $WHEELS"
+    echo "wheels: $KOSMOSS_WHEEL (matches the checkout) and $(printf '%s ' "${CARRIED_HERE[@]}")in $WHEELS"
     echo "the GPU machine must already hold: ${REQUIRED_THERE[*]}"
     echo "dry run: every wheel and file is present; nothing was run or written"
 }
@@ -326,11 +355,12 @@ main() {
         exit 0
     fi
     local lacking
-    lacking=$("$PY" "$HELPER" needs "${CARRIED[@]}" -- "${REQUIRED_THERE[@]}") || exit 2
+    lacking=$("$PY" "$HELPER" needs "${CARRIED_HERE[@]}" -- "${REQUIRED_THERE[@]}") || exit 2
     mapfile -t TO_INSTALL < <(grep . <<<"$lacking")
     mkdir -p "$OUT_DIR" "$SCRATCH/home"
     export KOSMOSS_HOME=$SCRATCH/home PYTHONUNBUFFERED=1 GPU_CHECK_DATASET=$DATASET
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
+    export JUPYTER_PATH=$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}  # ipykernel's spec
     "$PY" "$HELPER" start "$SCRATCH" "$(nvidia-smi -L | head -n 1)" \
         "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo ' + local changes')" \
         "bash scripts/gpu_check.sh $*"
@@ -440,6 +470,7 @@ def start(scratch, device, commit, command):
     meta = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "started_unix": time.time(),
             "device": device.split(" (UUID")[0], "commit": commit, "command": command}
     (scratch / "meta.json").write_text(json.dumps(meta))
+    (scratch / "lessons").mkdir(exist_ok=True)
 
 
 def row(scratch, step, status, seconds, command, figure):
@@ -464,7 +495,8 @@ def report(scratch, out_dir):
     lines += [f"| {r['step']} | {r['status']} ({r['seconds']} s) | `{cell(r['command'])}` | "
               f"{cell(r['figure'])} |" for r in rows]
     results = {name: load(scratch / f"{name}.json")
-               for name in ("env", "headline", "bf16", "sweep", "ghost", "anatomy")}
+               for name in ("env", "headline", "bf16", "sweep", "ghost", "anatomy", "ladder",
+                            "lessons")}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, **results}, indent=2))
     for name in ("bench.json", "bench.csv", "bench.png"):
         if (scratch / "bench" / name).is_file():
@@ -604,6 +636,28 @@ def bench_figure(scratch, out_dir):
     return "; ".join(parts), True
 
 
+def ladder_figure(scratch, out_dir):
+    figures = load(scratch / "ladder.json")
+    if not figures or not figures.get("rows"):
+        return "no ladder.json", False
+    parts = [f"{r['rung']}@{r['batch_size']}: {r['samples_per_s'] / 1e6:.2f} M/s"
+             + (f" ({r['of_limit']:.1%})" if r.get("of_limit") else "") for r in figures["rows"]]
+    limit = figures.get("limit_samples_per_s")
+    said = (f"; limit {limit / 1e6:,.0f} M samples/s ({figures.get('bound_by')}: "
+            f"{(figures.get('limits') or {}).get('bandwidth_source')})" if limit else "")
+    return "; ".join(parts) + said, all(r.get("samples_per_s") for r in figures["rows"])
+
+
+def lessons_figure(scratch, out_dir):
+    ran = load(scratch / "lessons.json") or []
+    if not ran:
+        return "no lesson ran", False
+    parts = [f"{r['lesson']} {r['seconds']:.0f} s" + (f" FAILED at cell {r['failed_cell']}"
+             if r.get("failed_cell") is not None else "")
+             + (f", CPU in cell(s) {r['cpu_cells']}" if r.get("cpu_cells") else "") for r in ran]
+    return "; ".join(parts), all(r.get("failed_cell") is None for r in ran)
+
+
 def anatomy_figure(scratch, out_dir):
     rows = load(scratch / "anatomy.json")
     if not rows:
@@ -618,7 +672,7 @@ FIGURES = {
                                         "data_mode": "device"}),
     "bf16": run_figure("bf16", {"precision": "bf16-mixed", "accelerator": "gpu"}),
     "ghost": written_figure("ghost"), "sweep": written_figure("sweep"), "bench": bench_figure,
-    "anatomy": anatomy_figure,
+    "anatomy": anatomy_figure, "ladder": ladder_figure, "lessons": lessons_figure,
 }
 
 
@@ -763,6 +817,57 @@ def ghost(scratch):
         agent.poll()
 
 
+# ---- the lessons on the GPU: each lesson's time, and the cells that said they ran on CPU
+
+# What the device policy and the lessons print when a cell computes on CPU or shows a
+# recorded GPU result instead of a live one (kosmoss.devices.policy, kosmoss.lessons.course).
+CPU_MARKS = ("does not offer one: CPU", "none is visible", "gloo is the CPU backend",
+             "recorded on", "no GPU here")
+
+
+def lessons(scratch, out_dir, *names):
+    """Every lesson (or those named) in quick mode, one at a time, as CI runs them; the
+    figures written after each, so a call cut short keeps the lessons that ran."""
+    import shutil
+
+    os.environ["KOSMOSS_LESSON_QUICK"] = "1"
+    from kosmoss.lessons.course import bundle, copy_lessons, lesson_sources, source_root, to_ipynb
+    from kosmoss.lessons.site import execute_notebook
+
+    work = Path(scratch) / "lessons"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    copy_lessons(work, bundle(source_root(), to_ipynb))
+    ran = []
+    for lesson in lesson_sources():
+        if names and lesson.stem not in names:
+            continue
+        started = time.monotonic()
+        print(f"running {lesson.stem} ...", flush=True)
+        notebook = execute_notebook(work / f"{lesson.stem}.ipynb")
+        ran.append({"lesson": lesson.stem, "seconds": round(time.monotonic() - started, 1),
+                    **lesson_cells(notebook)})
+        print(f"  {ran[-1]}", flush=True)
+        (Path(scratch) / "lessons.json").write_text(json.dumps(ran, indent=2))
+    return 0 if ran and all(r["failed_cell"] is None for r in ran) else 1
+
+
+def lesson_cells(notebook):
+    """The first cell that failed (its index among code cells), and the cells whose output
+    says they computed on CPU."""
+    failed, cpu = None, []
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    for index, cell in enumerate(code, 1):
+        outputs = cell.get("outputs", [])
+        if failed is None and any(o.get("output_type") == "error" for o in outputs):
+            failed = index
+        text = " ".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                        for o in outputs)
+        if any(mark in text for mark in CPU_MARKS):
+            cpu.append(index)
+    return {"failed_cell": failed, "cpu_cells": cpu}
+
+
 def cleanup(scratch):
     """SIGKILL what this check started and left running: processes whose KOSMOSS_HOME is
     under the scratch folder (the ghost's rank and a timed-out bench row start sessions of
@@ -797,6 +902,8 @@ def main(argv):
         sys.exit(sweep(*args))
     elif command == "ghost":
         sys.exit(ghost(*args))
+    elif command == "lessons":
+        sys.exit(lessons(*args))
     elif command == "cleanup":
         cleanup(*args)
 

@@ -17,6 +17,19 @@
 
 # One version of each, the ones the tests run against here (two versions stop pip).
 CARRIED=(nvitop==1.7.2 nvidia-ml-py==13.615.71 py-spy==0.4.3)
+# The lessons profile executes every lesson there (nbclient, a real kernel): the lessons
+# extra and what it needs that the image lacks (pip download's resolution for CPython 3.12
+# on 2026-11-26, less what the image holds). Installed only for that profile.
+LESSON_CARRIED=(jupytext==1.19.6 nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0
+                ipython==9.18.1 ipython_pygments_lexers==1.1.1 jupyter_client==8.10.0
+                jupyter_core==5.9.1 traitlets==5.16.1 tornado==6.6.1 pyzmq==27.3.0
+                comm==0.2.3 debugpy==1.8.22 matplotlib-inline==0.2.2 nest-asyncio2==1.7.4
+                jedi==0.20.1 parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0
+                prompt_toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3 asttokens==3.0.2
+                executing==2.3.0 pure_eval==0.2.4 fastjsonschema==2.22.3 jsonschema==4.26.0
+                jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+                mdit-py-plugins==0.7.0 platformdirs==4.14.8 tzdata==2026.6
+                pytorch-optimizer==4.1.0)
 WHEEL_DIR_DEFAULT=gpu-wheels
 GPU_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64
                manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64)
@@ -30,13 +43,13 @@ wheel_glob() {
 fetch_carried() {
     local dir=$1 platforms=() spec
     for p in "${GPU_PLATFORMS[@]}"; do platforms+=(--platform "$p"); done
-    for spec in "${CARRIED[@]}"; do
+    for spec in "${CARRIED[@]}" "${LESSON_CARRIED[@]}"; do
         # A carried name in another version: two versions of one wheel stop the install.
         local name=${spec%%==*}
         find "$dir" -maxdepth 1 -name "${name//-/_}-*.whl" ! -name "$(wheel_glob "$spec")" -delete
     done
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp "${platforms[@]}" -d "$dir" "${CARRIED[@]}"
+        --implementation cp "${platforms[@]}" -d "$dir" "${CARRIED[@]}" "${LESSON_CARRIED[@]}"
 }
 
 build_kosmoss() {

@@ -23,10 +23,11 @@ LESSONS = "kosmoss-0.1.0.data/data/share/kosmoss/lessons/"
 HEADLINE = "trainup_gpu.py --strategy ddp --gpus 1 --num-nodes 2"
 
 
-def carried() -> List[str]:
-    """The wheels gpu_wheels.sh fetches (NAME==VERSION), read from the script itself."""
+def carried(which: str = "CARRIED") -> List[str]:
+    """The wheels gpu_wheels.sh fetches (NAME==VERSION), read from the script itself:
+    CARRIED for every call, LESSON_CARRIED for the lessons profile."""
     listed = subprocess.run(["bash", "-c", 'source scripts/gpu_wheels.sh; printf "%s\\n" '
-                             '"${CARRIED[@]}"'], cwd=REPO, capture_output=True, text=True,
+                             f'"${{{which}[@]}}"'], cwd=REPO, capture_output=True, text=True,
                             check=True)
     return listed.stdout.split()
 
@@ -58,7 +59,7 @@ def wheels(tmp_path) -> Path:
     checks presence), and a kosmoss wheel whose contents match the checkout."""
     folder = tmp_path / "wheels"
     folder.mkdir()
-    for spec in carried():
+    for spec in carried() + carried("LESSON_CARRIED"):
         (folder / carried_name(spec)).write_bytes(b"")
     write_kosmoss_wheel(folder)
     return folder
@@ -93,7 +94,11 @@ def fake_nvidia_smi(tmp_path: Path, listing: str) -> Path:
     return folder
 
 
-def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
+def steps_of(plan: str) -> List[str]:
+    return [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
+
+
+def test_the_dry_run_prints_the_check_profile_and_writes_nothing(tmp_path, wheels):
     out = tmp_path / "out"
     proc = gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -101,16 +106,36 @@ def test_the_dry_run_prints_every_step_and_writes_nothing(tmp_path, wheels):
     assert HEADLINE in plan and "--batch-size 16384" in plan
     assert "-m pytest -m gpu" in plan
     assert "--precision bf16-mixed --mode device" in plan
-    assert "kosmoss bench --only raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 " \
-           "raw-gpu-bf16 kosmoss-gpu-bf16" in plan
     assert "torch.distributed.run" in plan and "kosmoss ghosts --kill" in plan
     assert "--no-index --no-deps" in plan and KOSMOSS_WHEEL in plan
-    steps = [line.split()[0] for line in plan.splitlines() if line.startswith("  ")]
-    assert steps == ["install", "env", "data", "pytest", "headline", "bf16", "ghost", "bench",
-                     "sweep", "anatomy"]
-    assert "kosmoss.bench.ddp_anatomy --device cuda" in plan
+    assert steps_of(plan) == ["install", "env", "data", "pytest", "headline", "bf16", "ghost"]
+    assert "jupytext" not in plan  # the lessons' wheels travel only for their profile
     assert not out.exists() and not (tmp_path / "scratch").exists()
     assert not list(tmp_path.glob("gpu_check_helper.*"))  # its temporary file is removed
+
+
+@pytest.mark.parametrize("profile, steps, words", [
+    ("bench", ["install", "data", "bench", "sweep", "anatomy"],
+     ["kosmoss bench --only raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 "
+      "raw-gpu-bf16 kosmoss-gpu-bf16", "kosmoss.bench.ddp_anatomy --device cuda"]),
+    ("ladder", ["install", "data", "ladder"],
+     ["-m kosmoss.bench.ladder --device cuda", "--batch-size 16384 max --steps 300"]),
+    ("lessons", ["install", "lessons"], ["KOSMOSS_LESSON_QUICK=1", "jupytext==", "nbclient=="]),
+])
+def test_each_profile_runs_its_own_steps(tmp_path, wheels, profile, steps, words):
+    proc = gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--profile", profile)
+    assert proc.returncode == 0, proc.stderr
+    assert steps_of(proc.stdout) == steps
+    for word in words:
+        assert word in proc.stdout, word
+
+
+def test_the_lessons_wheels_are_checked_only_for_their_profile(tmp_path, wheels):
+    spec = carried("LESSON_CARRIED")[0]
+    (wheels / carried_name(spec)).unlink()
+    assert gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels)).returncode == 0
+    one_line_error(gpu_check(tmp_path, "--dry-run", "--wheels", str(wheels), "--profile",
+                             "lessons"), "missing wheel", spec, WHEEL_CMD)
 
 
 def test_only_keeps_the_install_and_the_data_its_steps_need(tmp_path, wheels):
@@ -163,6 +188,8 @@ def test_a_gpu_torch_cannot_use_is_one_line(tmp_path, wheels):
 
 @pytest.mark.parametrize("args, words", [
     (["--only", "nope"], ["--only nope", "choose from"]),
+    (["--profile", "nope"], ["--profile nope", "check, bench, ladder, lessons"]),
+    (["--profile", "check", "--only", "env"], ["--profile and --only"]),
     (["--gpu-batch", "0"], ["--gpu-batch 0", ">= 1"]),
     (["--gpu-batch", "65536", "--columns", "65536"], ["--gpu-batch 65536", "--columns"]),
     (["--budget"], ["--budget needs a value"]),

@@ -83,6 +83,11 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "precision": result.get("precision"),
         "world_size": result.get("world_size", 1),
         "warnings": result.get("warnings", []),
+        # A ladder row: its share of the GPU's limit, and the compile or capture before it.
+        "of_limit": result.get("of_limit"),
+        "limit_samples_per_s": result.get("limit_samples_per_s"),
+        "bound_by": result.get("bound_by"),
+        "setup_s": result.get("setup_s"),
     }
 
 

@@ -20,7 +20,8 @@ CSV_COLUMNS = ("id", "label", "status", "reason", "device", "ranks", "precision"
                "ratio", "ratio_min", "ratio_max", "versus", "scaling_efficiency",
                "scaling_efficiency_min", "scaling_efficiency_max", "time_to_first_step_s",
                "time_to_target_s", "target_reached", "val_loss", "page_faults_per_step",
-               "peak_host_mib", "peak_gpu_mib")
+               "peak_host_mib", "peak_gpu_mib", "of_limit", "limit_samples_per_s", "bound_by",
+               "setup_s")
 
 
 def _number(value: Optional[float], style: str = "{:,.0f}") -> str:
@@ -64,6 +65,9 @@ def table(bench: dict) -> Group:
             _number(row["peak_gpu_mib"]),
         )
     parts: list = [rows]
+    ladder = [r for r in bench["rows"] if r["status"] == "measured" and r["kind"] == "ladder"]
+    if ladder:
+        parts.append(_ladder_table(ladder))
     others = [r for r in bench["rows"] if r["status"] != "measured"]
     if others:
         missing = Table(title="not measured", show_header=False, title_justify="left")
@@ -87,6 +91,20 @@ def table(bench: dict) -> Group:
                        _verdict(check["passed"]) + (f" ({said})" if said else ""))
     parts.append(judged)
     return Group(*parts)
+
+
+def _ladder_table(rows: List[dict]) -> Table:
+    """The ladder's rows against the GPU's limit (kosmoss.bench.ladder), compile and capture
+    time apart from the steps'."""
+    found = Table(title="ladder: each rung against the limit", title_justify="left")
+    for name in ("set-up", "samples/s", "÷ rung below", "of the limit", "bound by",
+                 "compile/capture s"):
+        found.add_column(name, justify="left" if name in ("set-up", "bound by") else "right")
+    for row in rows:
+        found.add_row(row["id"], _number(row["samples_per_s"]), _spread(row, "ratio"),
+                      _number(row.get("of_limit"), "{:.1%}"), row.get("bound_by") or "",
+                      _number(row.get("setup_s"), "{:.1f}"))
+    return found
 
 
 def _caption(bench: dict) -> str:

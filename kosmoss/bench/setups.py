@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
+from .rungs import RUNGS
+
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # what `import kosmoss` needs on the path
 MAX_EPOCHS = 1_000_000  # the step count stops every run
 HOROVOD_HINT = "run scripts/install_horovod.sh"
@@ -29,7 +31,7 @@ class Setup:
 
     id: str
     label: str
-    kind: str  # raw | lightning | fabric | kosmoss | loader
+    kind: str  # raw | lightning | fabric | ladder | kosmoss | loader
     device: str = "cpu"  # cpu | gpu
     ranks: int = 1
     bf16: bool = False
@@ -37,10 +39,36 @@ class Setup:
     versus: Optional[str] = None
     single: Optional[str] = None
     entry: Tuple[str, ...] = ()  # kosmoss rows: script and its flags
+    rung: Optional[str] = None  # ladder rows: the rung of kosmoss.bench.ladder
+    batch: Optional[str] = None  # a batch of its own: a number, or "max" (see ladder)
 
     @property
     def trains(self) -> bool:
-        return self.kind in ("raw", "lightning", "fabric", "kosmoss")
+        return self.kind in ("raw", "lightning", "fabric", "ladder", "kosmoss")
+
+    @property
+    def holds_splits(self) -> bool:
+        """The loop holds the training and validation splits as tensors."""
+        return self.kind in ("raw", "lightning", "fabric", "ladder")
+
+
+def _ladder_rows() -> Tuple[Setup, ...]:
+    """The GPU ladder (kosmoss.bench.ladder): each rung ÷ the one below it (what its change
+    bought), and against the GPU's limit; its top rung at larger batches."""
+    rows, below = [], None
+    for step in RUNGS:
+        rows.append(Setup(f"ladder-{step.name}", f"ladder: {step.name} ({step.removes})",
+                          "ladder", device="gpu", bf16=step.bf16, versus=below, rung=step.name))
+        below = f"ladder-{step.name}"
+    top = RUNGS[-1]
+    for batch in ("65536", "max"):
+        rows.append(Setup(f"ladder-top-{batch}", f"ladder: {top.name} at batch {batch}",
+                          "ladder", device="gpu", bf16=True, versus=below, rung=top.name,
+                          batch=batch))
+    return tuple(rows)
+
+
+LADDER_ROWS = _ladder_rows()
 
 
 # A GPU row must not fall back to CPU unnoticed, and keeps its data on the GPU (the raw
@@ -84,7 +112,10 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("horovod-gpu-2", "kosmoss, Horovod, 2 processes sharing 1 GPU", "kosmoss",
           device="gpu", ranks=2, horovod=True, versus="raw-gpu", single="kosmoss-gpu",
           entry=HOROVOD + GPU_FLAGS),
-)
+    # The CPU's compile row: the raw loop with torch.compile (inductor), compile time apart.
+    Setup("compile-cpu", "raw loop + torch.compile (inductor), fp32", "ladder",
+          versus="raw-cpu", rung="compile-fp32"),
+) + LADDER_ROWS
 BY_ID: Dict[str, Setup] = {setup.id: setup for setup in MATRIX}
 
 
@@ -104,6 +135,10 @@ class Plan:
     timeout_s: float = 900.0
 
     def batch_for(self, setup: Setup) -> int:
+        if setup.batch == "max":  # as kosmoss.bench.ladder.largest_batch
+            return 1 << (max(1, self.n_train).bit_length() - 1)
+        if setup.batch:
+            return int(setup.batch)
         return self.gpu_batch_size if setup.device == "gpu" else self.batch_size
 
 
@@ -191,7 +226,7 @@ def skip_reason(setup: Setup, machine: Machine, plan: Optional[Plan]) -> Optiona
         return machine.horovod_missing
     if setup.kind == "kosmoss" and machine.scripts_missing:
         return machine.scripts_missing
-    if setup.kind in ("raw", "lightning", "fabric") and plan is not None:
+    if setup.holds_splits and plan is not None:
         return _memory_shortfall(setup, machine, plan)
     return None
 
@@ -222,6 +257,11 @@ def command(setup: Setup, plan: Plan, result_json: Path) -> List[str]:
             "--max-epochs", str(MAX_EPOCHS), "--seed", str(plan.seed), "--no-progress",
             "--result-json", str(result_json),
         ]
+    if setup.kind == "ladder":
+        return [sys.executable, "-m", "kosmoss.bench.ladder", "--dataset", str(plan.dataset),
+                "--rungs", setup.rung, "--batch-size", batch, "--steps", str(plan.steps),
+                "--seed", str(plan.seed), "--device", "cuda" if setup.device == "gpu" else "cpu",
+                "--out", str(result_json)]
     what = setup.id if setup.kind == "loader" else setup.kind
     return [sys.executable, "-m", "kosmoss.bench.baselines", what, "--dataset", str(plan.dataset),
             "--batch-size", batch, "--steps", str(plan.steps), "--seed", str(plan.seed),

@@ -33,8 +33,10 @@ def test_no_gpu_skips_exactly_the_gpu_rows():
     reasons = {s.id: skip_reason(s, machine(cuda=False, bf16=False, free_gpu_bytes=0), plan())
                for s in MATRIX}
     gpu_rows = {s.id for s in MATRIX if s.device == "gpu"}
+    ladder = {f"ladder-{name}" for name in ("host", "resident", "bf16", "fused", "compile",
+                                            "graphs", "graphs-k8", "top-65536", "top-max")}
     assert gpu_rows == {"raw-gpu", "lightning-gpu", "fabric-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
-                        "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"}
+                        "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"} | ladder
     assert {i for i, r in reasons.items() if r} == gpu_rows
     assert {reasons[i] for i in gpu_rows} == {"no CUDA GPU"}
 
@@ -146,3 +148,18 @@ def test_baselines_split_like_a_kosmoss_run():
 @pytest.mark.parametrize("text, line", [("a\n\n  b  \n\n", "b"), ("", "no output")])
 def test_last_line(text, line):
     assert setups.last_line(text) == line
+
+
+def test_the_ladder_rows_run_the_ladder_one_rung_each():
+    ladder = [s for s in MATRIX if s.kind == "ladder" and s.device == "gpu"]
+    assert [s.versus for s in ladder[1:7]] == [s.id for s in ladder[:6]]  # ÷ the rung below
+    argv = command(BY_ID["ladder-graphs"], plan(), Path("/tmp/row.json"))
+    assert argv[1:3] == ["-m", "kosmoss.bench.ladder"]
+    assert argv[argv.index("--rungs") + 1] == "graphs" and argv[argv.index("--device") + 1] == "cuda"
+    assert argv[argv.index("--batch-size") + 1] == "512"  # the plan's GPU batch
+    top = command(BY_ID["ladder-top-max"], plan(), Path("/tmp/row.json"))
+    assert top[top.index("--batch-size") + 1] == "1024"  # 1638 training samples
+    cpu = command(BY_ID["compile-cpu"], plan(), Path("/tmp/row.json"))
+    assert cpu[cpu.index("--rungs") + 1] == "compile-fp32" and "cpu" in cpu
+    assert "GPU memory" in skip_reason(BY_ID["ladder-resident"], machine(free_gpu_bytes=GIB),
+                                       plan(n_samples=1_048_576))

@@ -1,0 +1,54 @@
+"""The rungs of the GPU ladder (:mod:`kosmoss.bench.ladder`), in a module without torch:
+the bench's matrix names a row per rung (:mod:`kosmoss.bench.setups`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+from ..core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    removes: str  # what the change takes out of a step
+    host_data: bool = False
+    bf16: bool = False
+    fused: bool = False
+    compile: bool = False
+    graphs: bool = False
+    steps_per_replay: int = 1
+
+    @property
+    def needs_cuda(self) -> bool:
+        return self.graphs or self.host_data
+
+
+def _ladder() -> Tuple[Rung, ...]:
+    host = Rung("host", "nothing yet: host gather, pinned copy to the GPU", host_data=True)
+    resident = replace(host, name="resident", removes="host-to-device copies of the batch",
+                       host_data=False)
+    bf16 = replace(resident, name="bf16", removes="fp32 arithmetic: tensor cores in bf16",
+                   bf16=True)
+    fused = replace(bf16, name="fused", removes="Adam's per-parameter kernels", fused=True)
+    compiled = replace(fused, name="compile", removes="separate elementwise kernels",
+                       compile=True)
+    graphs = replace(compiled, name="graphs", removes="Python and kernel launches per step",
+                     graphs=True)
+    several = replace(graphs, name="graphs-k8", removes="one replay per step",
+                      steps_per_replay=8)
+    return (host, resident, bf16, fused, compiled, graphs, several)
+
+
+RUNGS = _ladder()
+# Off the ladder: the eager fp32 loop plus torch.compile alone (the CPU bench's compile row).
+COMPILE_ALONE = Rung("compile-fp32", "separate elementwise kernels, eager fp32 otherwise",
+                     compile=True)
+RUNG_NAMES = tuple(r.name for r in RUNGS) + (COMPILE_ALONE.name,)
+
+
+def rung(name: str) -> Rung:
+    for candidate in RUNGS + (COMPILE_ALONE,):
+        if candidate.name == name:
+            return candidate
+    raise UsageError(f"--rungs {name}: no such rung; choose from {', '.join(RUNG_NAMES)}")
