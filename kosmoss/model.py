@@ -117,7 +117,10 @@ class LitMLP(pl.LightningModule):
         return self(x)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return self.with_warmup(torch.optim.Adam(self.parameters(), lr=self.hparams.lr))
+
+    def with_warmup(self, optimizer: torch.optim.Optimizer):
+        """``optimizer``, with the rate's linear warm-up when ``warmup_steps`` asks for one."""
         if not self.hparams.warmup_steps:
             return optimizer
         start = self.hparams.warmup_start_lr or self.hparams.lr

@@ -47,25 +47,30 @@ source scripts/gpu_wheels.sh  # CARRIED, WHEEL_DIR_DEFAULT, wheel_glob
 
 # The anatomy last: the bench measures its first three lines itself (the shared-GPU
 # prediction); the step adds the DDP lines, for when the budget allows.
-STEPS=(install env data pytest headline bf16 ghost bench sweep anatomy ladder lessons)
-NEEDS_DATA=(headline bf16 sweep bench anatomy ladder)
+STEPS=(install env data pytest headline bf16 ghost bench sweep anatomy ladder top lessons)
+NEEDS_DATA=(headline bf16 sweep bench anatomy ladder top)
 # What one call runs: each profile fits the device tool's 10-minute call with room to spare
 # (an H100 on 2026-11-26 took 330 s for check's steps). install always runs.
 declare -A PROFILES=([check]="env,data,pytest,headline,bf16,ghost"
                      [bench]="data,bench,sweep,anatomy"
-                     [ladder]="data,ladder"
+                     [ladder]="data,ladder,top"
                      [lessons]="lessons")
 PROFILE_ORDER="check, bench, ladder, lessons"
+# The ladder's dataset: 2^17 training rows, so every batch it tries (16,384, 65,536, the
+# whole split) is full and a CUDA graph replays every step of an epoch.
+LADDER_COLUMNS=163840
 LADDER_BATCHES="max"  # after --gpu-batch: the ladder's top rung at the largest batch too
 # What kosmoss and its GPU tests import that the GPU machine's image already holds.
 REQUIRED_THERE=(torch pytorch-lightning torchmetrics numpy psutil rich tensorboard matplotlib
                 pytest pytest-timeout)
 BENCH_ROWS=(raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 raw-gpu-bf16 kosmoss-gpu-bf16)
+# kosmoss with the ladder's top features, beside the ladder the step before measured.
+TOP_ROWS=(kosmoss-gpu kosmoss-gpu-top kosmoss-gpu-top-max)
 SWEEP_BATCHES=4096,16384,32768
 SHARD_SIZE=16384
 declare -A LIMIT_S=([install]=120 [env]=60 [data]=300 [pytest]=300 [headline]=150 [bf16]=120
-                    [ghost]=150 [sweep]=150 [bench]=420 [anatomy]=150 [ladder]=420
-                    [lessons]=540)
+                    [ghost]=150 [sweep]=150 [bench]=420 [anatomy]=150 [ladder]=300
+                    [top]=240 [lessons]=540)
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 
@@ -77,7 +82,7 @@ positive() {  # positive FLAG VALUE
 
 parse_args() {
     DRY_RUN=0 OUT_ARG="" WHEELS=$WHEEL_DIR_DEFAULT ONLY="" BUDGET=560 COLUMNS=131072
-    GPU_BATCH=16384 TESTS=tests PROFILE=""
+    GPU_BATCH=16384 TESTS=tests PROFILE="" COLUMNS_GIVEN=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --dry-run) DRY_RUN=1; shift; continue ;;
@@ -93,7 +98,7 @@ parse_args() {
             --profile) PROFILE=$2 ;;
             --tests) TESTS=$2 ;;
             --budget) positive "$1" "$2"; BUDGET=$2 ;;
-            --columns) positive "$1" "$2"; COLUMNS=$2 ;;
+            --columns) positive "$1" "$2"; COLUMNS=$2; COLUMNS_GIVEN=1 ;;
             --gpu-batch) positive "$1" "$2"; GPU_BATCH=$2 ;;
         esac
         shift 2
@@ -107,6 +112,7 @@ parse_args() {
         PROFILE=check
     fi
     [ -n "$PROFILE" ] && ONLY=${PROFILES[$PROFILE]}
+    [ "$PROFILE" = ladder ] && [ -z "$COLUMNS_GIVEN" ] && COLUMNS=$LADDER_COLUMNS
     local step
     for step in ${ONLY//,/ }; do
         [[ " ${STEPS[*]} " == *" $step "* ]] || die "--only $step: no such step; choose from ${STEPS[*]}"
@@ -229,6 +235,8 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
         ladder) CMD=("$PY" -m kosmoss.bench.ladder --device cuda
                      --dataset "$SCRATCH/home/data/$DATASET" --batch-size "$GPU_BATCH"
                      $LADDER_BATCHES --steps 300 --out "$SCRATCH/ladder.json") ;;
+        top) CMD=("$PY" -m kosmoss bench --only "${TOP_ROWS[@]}" --dataset "$DATASET"
+                  --gpu-batch-size "$GPU_BATCH" --steps 300 --repeats 1 --out "$SCRATCH/bench") ;;
         lessons) CMD=("$PY" "$HELPER" lessons "$SCRATCH" "$OUT_DIR")
                  SHOWN="KOSMOSS_LESSON_QUICK=1: every lesson (kosmoss.lessons.site.execute_lessons, nbclient) on the GPU, one at a time; each lesson's time, and its cells that said they ran on CPU" ;;
         bench) CMD=("$PY" -m kosmoss bench --only "${BENCH_ROWS[@]}" --dataset "$DATASET"
@@ -501,7 +509,7 @@ def report(scratch, out_dir):
     for name in ("bench.json", "bench.csv", "bench.png"):
         if (scratch / "bench" / name).is_file():
             (out_dir / name).write_bytes((scratch / "bench" / name).read_bytes())
-    lines += targets(scratch / "bench" / "bench.json")
+    lines += targets(scratch / "bench" / "bench.json", load(scratch / "ladder.json"))
     files = sorted(p.name for p in out_dir.iterdir() if p.name != "gpu-report.md")
     lines += ["", f"Files beside this report: {', '.join(files)} (results.json: kosmoss env, "
               "the runs' result.json, the sweep, the ghost, the anatomy). Written by scripts/gpu_check.sh "
@@ -521,11 +529,11 @@ def bench_rows(path):
     return {r["id"]: r for r in bench.get("rows", []) if r.get("status") == "measured"}
 
 
-def targets(path):
+def targets(path, ladder=None):
     rows = bench_rows(path)
     if not rows:
         return []
-    out = ["", "## Targets", ""]
+    out = ["", "## Targets", ""] + ladder_targets(rows, ladder)
     gpu = rows.get("kosmoss-gpu", {})
     if gpu.get("ratio") is not None:
         out.append(f"- kosmoss on 1 GPU ÷ raw CUDA loop, data on the GPU: {gpu['ratio']:.2f} "
@@ -542,6 +550,29 @@ def targets(path):
                        f" ÷ measured {row['samples_per_s']:,.0f} samples/s = {ratio:.2f} "
                        f"(target 0.75-1.25: {'met' if 0.75 <= ratio <= 1.25 else 'missed'}).")
     out.append("- Why each figure is what it is: to be written by whoever commits this report.")
+    return out
+
+
+def ladder_targets(rows, ladder):
+    """kosmoss with the top rung's features ÷ that rung at the same batch, and the speeds
+    the GPU work aims at, each as a share of the GPU's limit."""
+    if not ladder:
+        return []
+    out, limit = [], ladder.get("limit_samples_per_s")
+    rungs = {(r["rung"], r["batch_size"]): r for r in ladder.get("rows", [])}
+    for row_id in ("kosmoss-gpu-top", "kosmoss-gpu-top-max"):
+        mine = rows.get(row_id)
+        raw = rungs.get(("graphs-k8", mine["batch_size"])) if mine else None
+        if mine and raw and raw.get("samples_per_s"):
+            ratio = mine["samples_per_s"] / raw["samples_per_s"]
+            out.append(f"- {row_id} ÷ the graphs-k8 rung, batch {mine['batch_size']:,}: "
+                       f"{ratio:.2f} (target ≥ 0.90: {'met' if ratio >= 0.9 else 'missed'}).")
+    best = max((rows[r]["samples_per_s"] for r in ("kosmoss-gpu-top", "kosmoss-gpu-top-max")
+                if r in rows), default=None)
+    if best:
+        share = f", {best / limit:.1%} of the limit" if limit else ""
+        out.append(f"- kosmoss bf16, fastest: {best / 1e6:.1f} M samples/s{share} (target ≥ 20 M: "
+                   f"{'met' if best >= 20e6 else 'missed'}).")
     return out
 
 
@@ -640,8 +671,11 @@ def ladder_figure(scratch, out_dir):
     figures = load(scratch / "ladder.json")
     if not figures or not figures.get("rows"):
         return "no ladder.json", False
-    parts = [f"{r['rung']}@{r['batch_size']}: {r['samples_per_s'] / 1e6:.2f} M/s"
-             + (f" ({r['of_limit']:.1%})" if r.get("of_limit") else "") for r in figures["rows"]]
+    parts = [f"{r['rung']}@{r['batch_size']}: " + (
+             f"{r['samples_per_s'] / 1e6:.2f} M/s" + (f" ({r['of_limit']:.1%})"
+                                                      if r.get("of_limit") else "")
+             if r.get("samples_per_s") else f"failed ({r.get('error')})")
+             for r in figures["rows"]]
     limit = figures.get("limit_samples_per_s")
     said = (f"; limit {limit / 1e6:,.0f} M samples/s ({figures.get('bound_by')}: "
             f"{(figures.get('limits') or {}).get('bandwidth_source')})" if limit else "")
@@ -673,6 +707,7 @@ FIGURES = {
     "bf16": run_figure("bf16", {"precision": "bf16-mixed", "accelerator": "gpu"}),
     "ghost": written_figure("ghost"), "sweep": written_figure("sweep"), "bench": bench_figure,
     "anatomy": anatomy_figure, "ladder": ladder_figure, "lessons": lessons_figure,
+    "top": lambda scratch, out_dir: bench_figure(scratch, out_dir),
 }
 
 

@@ -118,8 +118,9 @@ def test_the_dry_run_prints_the_check_profile_and_writes_nothing(tmp_path, wheel
     ("bench", ["install", "data", "bench", "sweep", "anatomy"],
      ["kosmoss bench --only raw-gpu lightning-gpu fabric-gpu kosmoss-gpu nodes-gpu-2x1 "
       "raw-gpu-bf16 kosmoss-gpu-bf16", "kosmoss.bench.ddp_anatomy --device cuda"]),
-    ("ladder", ["install", "data", "ladder"],
-     ["-m kosmoss.bench.ladder --device cuda", "--batch-size 16384 max --steps 300"]),
+    ("ladder", ["install", "data", "ladder", "top"],
+     ["-m kosmoss.bench.ladder --device cuda", "--batch-size 16384 max --steps 300",
+      "kosmoss bench --only kosmoss-gpu kosmoss-gpu-top kosmoss-gpu-top-max"]),
     ("lessons", ["install", "lessons"], ["KOSMOSS_LESSON_QUICK=1", "jupytext==", "nbclient=="]),
 ])
 def test_each_profile_runs_its_own_steps(tmp_path, wheels, profile, steps, words):

@@ -45,7 +45,7 @@ from ..data.loading import SPLITS, split_indices
 from ..data.store import open_dataset
 from ..run.throughput import StepClock
 from .baselines import Limit, _validate, limit_setup
-from .rungs import COMPILE_ALONE, RUNG_NAMES, RUNGS, Rung, rung
+from .rungs import RUNG_NAMES, RUNGS, Rung, rung
 
 BF16_RELATIVE_TOLERANCE = 0.05  # a bf16 run's validation loss against fp32's, after the same steps
 
@@ -287,7 +287,15 @@ def run_ladder(dataset: Path, rungs: Sequence[Rung], batch_sizes: Sequence[str],
     rows = []
     for step, batch in plan:
         limit = limit_setup(prepared, batch, device, seed)
-        row = run_rung(limit, step, batch, steps, device)
+        try:
+            row = run_rung(limit, step, batch, steps, device)
+        except Exception as err:  # one rung that breaks (a capture, a compile) ends no other
+            if len(plan) == 1:
+                raise
+            rows.append({"rung": step.name, "batch_size": batch, "samples_per_s": None,
+                         "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"})
+            log(f"{step.name:12s} batch {batch:>7,}: failed: {rows[-1]['error']}")
+            continue
         if limit_row["limit_samples_per_s"] and row["samples_per_s"]:
             row["of_limit"] = row["samples_per_s"] / limit_row["limit_samples_per_s"]
         rows.append(row)

@@ -75,6 +75,8 @@ LADDER_ROWS = _ladder_rows()
 # GPU loop's data is there too: the host-to-GPU copy would otherwise be what is measured).
 GPU_FLAGS = ("--require-gpu", "--mode", "device")
 HOROVOD = ("trainup_gpu.py", "--strategy", "horovod")
+TOP_FLAGS = ("trainup_gpu.py", "--gpus", "1", "--precision", "bf16-mixed", "--compile",
+             "--cuda-graphs", "--steps-per-execution", "8") + GPU_FLAGS
 HOROVOD_CPU = ("trainup_cpu.py", "--strategy", "horovod")  # every CPU row: trainup_cpu.py
 
 MATRIX: Tuple[Setup, ...] = (
@@ -112,6 +114,12 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("horovod-gpu-2", "kosmoss, Horovod, 2 processes sharing 1 GPU", "kosmoss",
           device="gpu", ranks=2, horovod=True, versus="raw-gpu", single="kosmoss-gpu",
           entry=HOROVOD + GPU_FLAGS),
+    # kosmoss at the top of the ladder: the top rung's features through the run path, ÷ it.
+    Setup("kosmoss-gpu-top", "kosmoss, 1 GPU, bf16, compile, CUDA graphs, 8 steps a replay",
+          "kosmoss", device="gpu", bf16=True, versus="ladder-graphs-k8",
+          entry=TOP_FLAGS),
+    Setup("kosmoss-gpu-top-max", "the same at the largest batch", "kosmoss", device="gpu",
+          bf16=True, versus="ladder-top-max", entry=TOP_FLAGS, batch="max"),
     # The CPU's compile row: the raw loop with torch.compile (inductor), compile time apart.
     Setup("compile-cpu", "raw loop + torch.compile (inductor), fp32", "ladder",
           versus="raw-cpu", rung="compile-fp32"),

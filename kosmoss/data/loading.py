@@ -150,6 +150,11 @@ class FlattenedDataset(Dataset):
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def resident(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """Every row of x and of y as one tensor each (controlled or device mode), or None
+        (memory-mapped shards)."""
+        return (self._x[0], self._y[0]) if len(self._x) == 1 else None
+
     def __getitem__(self, index) -> Tuple[torch.Tensor, torch.Tensor]:
         if np.ndim(index) == 0:
             x, y = self.read(np.array([index]))

@@ -1,14 +1,16 @@
 """Several optimizer steps per step of Lightning's loop (Keras calls it
 ``steps_per_execution``): the Trainer's per-batch Python — its loop, hooks, fetcher and
 closure, ~0.5 ms on 2 cores — is paid once per K steps instead of every step. At batch 256
-on 2 cores it took kosmoss from 0.89 to 0.93 of the raw loop (docs/bench/2026-11-26-midday.md). The
-steps themselves are the same, in the same order: losses and weights are bit-identical to
-one step per batch.
+on 2 cores it took kosmoss from 0.89 to 0.93 of the raw loop
+(docs/bench/2026-11-26-midday.md). The steps themselves are the same, in the same order:
+losses and weights are bit-identical to one step per batch (bf16-mixed included: the
+backward passes run outside the step's autocast, as Lightning runs them).
 
 Only where a step of the loop can hold several: one process of the DDP engine (DDP and
 Horovod want one backward per forward of their wrapped model), the loader in this process
-(workers and pinned memory hand out single batches), on the CPU and in 32-bit (autocast
-would wrap the backward passes too; a GPU run at its batch is not bound by Python).
+(workers and pinned memory hand out single batches: on a GPU the data must be there,
+``--mode device``). With ``--cuda-graphs`` a chunk's K steps are replayed from one CUDA
+graph (:mod:`.graphs`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from typing import Callable, Iterator, List, Optional
 
 import pytorch_lightning as pl
+import torch
 
 from ..core.errors import ConfigError
 from ..data.loading import RankBatchSampler
@@ -29,21 +32,22 @@ STEPS_PER_EXECUTION = 8  # 0.93 of the raw loop at 256 on 2 cores; 32 measured n
 
 
 def steps_per_execution(asked: Optional[int], world_size: int, engine: Engine, accelerator: str,
-                        precision: str, num_workers: int) -> int:
+                        data_mode: str, num_workers: int) -> int:
     """K for a run: ``asked``, else STEPS_PER_EXECUTION where a loop step can hold several,
     else 1. Asking for more than 1 where it cannot is a ConfigError."""
     why_not = [reason for reason, holds in (
         (f"{world_size} processes", world_size == 1),
         (f"--strategy {engine.name}", engine.steps_in_chunks),
-        (f"a {accelerator.upper()}", accelerator == "cpu"),
-        (f"--precision {precision}", precision == "32-true"),
+        (f"a GPU fed from host memory (--mode {data_mode})",
+         accelerator == "cpu" or data_mode == "device"),
         (f"{num_workers} data workers", num_workers == 0)) if not holds]
     if asked is None:
         return 1 if why_not else STEPS_PER_EXECUTION
     if asked > 1 and why_not:
         raise ConfigError("steps_per_execution", f"{{field}} {asked}: several steps per batch "
-                          "need one CPU process of the ddp engine, 32-true and no data workers; "
-                          f"this run has {', '.join(why_not)}: give 1 or leave it out")
+                          "need one process of the ddp engine reading its batches in-process "
+                          "(no data workers; on a GPU, --mode device); this run has "
+                          f"{', '.join(why_not)}: give 1 or leave it out")
     return asked
 
 
@@ -70,6 +74,15 @@ class Chunk:
             self._taken()
             yield self._read(batch)
         self.step_ends.append(time.perf_counter())
+
+    def taken_whole(self, started: float) -> None:
+        """Every batch trained at once (a graph replay, from ``started``): taken, and the
+        steps timed as equal shares of the replay."""
+        ended = time.perf_counter()
+        for _ in self.batches:
+            self._taken()
+        share = (ended - started) / max(1, self.steps)
+        self.step_ends = [started + share * step for step in range(self.steps + 1)]
 
 
 class ChunkedBatchLoader:
@@ -117,34 +130,74 @@ class StepsInChunks(LeanLitMLP):
     """LitMLP whose training step takes a :class:`Chunk` and makes one optimizer step per
     batch in it, as Lightning's automatic optimisation makes one per batch (zero_grad,
     backward, step, then the warm-up schedule). Same hyperparameters and state dict as
-    LitMLP: its checkpoints load into either."""
+    LitMLP: its checkpoints load into either. ``graphs`` (set by the run path for
+    ``--cuda-graphs``) replays a chunk's steps from a CUDA graph where it can."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.automatic_optimization = False
+        self.graphs = None  # a kosmoss.run.graphs.GraphedSteps, or None
+        self.eager_chunks = 0  # chunks the graph could not take (graphs: how many it took)
 
     def logs_train_loss_now(self) -> bool:
         return False  # the chunk's loop logs train_loss itself, with the step it belongs to
 
+    def raw_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizers().optimizer
+
+    def backward_context(self):
+        # Lightning runs automatic optimisation's backward outside the step's autocast.
+        return torch.autocast(self.device.type, enabled=False)
+
     def training_step(self, chunk: Chunk, batch_idx: int):
-        optimizer, schedule = self.optimizers(), self.lr_schedulers()
-        loss, max_steps = None, self.trainer.max_steps
+        schedule, max_steps = self.lr_schedulers(), self.trainer.max_steps
         if max_steps >= 0:  # the chunk's batches past --max-steps stay unread and untrained
             chunk.keep(max_steps - self.global_step)
+        started = time.perf_counter()
+        losses = self.graphs.run(chunk.batches) if self._may_replay() else None
+        if losses is None:
+            loss = self._eager(chunk, schedule)
+            self.eager_chunks += 1
+        else:
+            chunk.taken_whole(started)
+            loss = self._count_replayed(chunk, losses, schedule)
+        # The loggers' step axis counts optimizer steps, as with one step a batch: Lightning
+        # adds 1 to this count after each of its batches and logs validation at it.
+        private.set_logged_steps(self.trainer, self.global_step - 1)
+        return loss
+
+    def _eager(self, chunk: Chunk, schedule):
+        optimizer, loss = self.optimizers(), None
         for batch in chunk:
             logs, step = LeanLitMLP.logs_train_loss_now(self), self.global_step
             loss = self._common_step(batch, "train")
             optimizer.zero_grad()
-            self.manual_backward(loss)
+            with self.backward_context():
+                self.manual_backward(loss)
             optimizer.step()
             if schedule is not None:
                 schedule.step()
             if logs:
                 self._log_train_loss(loss, step, len(batch[0]))
-        # The loggers' step axis counts optimizer steps, as with one step a batch: Lightning
-        # adds 1 to this count after each of its batches and logs validation at it.
-        private.set_logged_steps(self.trainer, self.global_step - 1)
         return loss
+
+    def _may_replay(self) -> bool:
+        """A captured step keeps the rate it was captured with: replay once the warm-up of
+        the rate is over."""
+        warmup = self.hparams.warmup_steps or 0
+        return self.graphs is not None and self.global_step >= warmup
+
+    def _count_replayed(self, chunk: Chunk, losses: torch.Tensor, schedule):
+        """What Lightning and the eager loop do around each step, for the replayed ones:
+        the step counters, the rate schedule, the logged rows."""
+        for j, size in enumerate(chunk.sizes):
+            logs, step = LeanLitMLP.logs_train_loss_now(self), self.global_step
+            private.count_manual_step(self.trainer)
+            if schedule is not None:
+                schedule.step()
+            if logs:
+                self._log_train_loss(losses[j], step, size)
+        return losses[-1]
 
     def _log_train_loss(self, loss, step: int, batch_size: int) -> None:
         # callback_metrics and the progress bar as LitMLP's own log fills them; the row goes

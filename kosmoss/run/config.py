@@ -56,6 +56,8 @@ class RunConfig:
     precision: str = "32-true"  # Lightning's name; bf16-mixed autocasts (GPU or CPU)
     collective_timeout_s: Optional[float] = None  # None: COLLECTIVE_TIMEOUT_S by device
     steps_per_execution: Optional[int] = None  # None: as many as the run allows (run.chunks)
+    compile: bool = False  # torch.compile the network (inductor)
+    cuda_graphs: bool = False  # each chunk's steps replayed from one CUDA graph (run.graphs)
     # The fields the user typed (flags given), so a resume keeps the stopped run's value for
     # the others; None: those that differ from the defaults (a call from code).
     given: Optional[FrozenSet[str]] = None

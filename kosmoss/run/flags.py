@@ -98,7 +98,10 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
         help="data workers per process (default: sized from the cores per process)")
     add("--steps-per-execution", type=int, default=None, metavar="K",
         help="optimizer steps per step of Lightning's loop; 1: one a batch (default: 8 for one "
-             "CPU process, 32-true, no data workers; else 1)")
+             "process of the ddp engine reading its batches in-process, no data workers; "
+             "else 1)")
+    add("--compile", action="store_true", default=Default(False),
+        help="torch.compile the network (inductor); the compile time is untimed")
     add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,
         metavar="SECONDS", help="fail a collective that waits longer (default 120 on CPU, "
                                 "600 on GPU)")
@@ -118,6 +121,9 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
         help="CUDA ids for the local ranks, e.g. 2,3: local rank r uses ids[r]")
     add("--require-gpu", action="store_true",
         help="fail (exit 2) instead of falling back to CPU when there is no GPU")
+    add("--cuda-graphs", action="store_true", default=Default(False),
+        help="replay each chunk's K steps (batch gather, forward, backward, Adam) from one CUDA "
+             "graph: one GPU process, the data on the GPU (docs/gpu.md)")
 
 
 def _id_list(text: str):
@@ -145,8 +151,8 @@ def config_from_args(parsed: argparse.Namespace, *, machine: MachineGpu,
         hidden=tuple(args.hidden), mode=args.mode, num_workers=args.num_workers,
         progress=args.progress, resume=args.resume, precision=args.precision,
         strategy=args.strategy, collective_timeout_s=args.collective_timeout_s,
-        steps_per_execution=args.steps_per_execution,
-        gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
+        steps_per_execution=args.steps_per_execution, compile=args.compile,
+        cuda_graphs=getattr(args, "cuda_graphs", False), gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
         machine_gpu=machine.setting, gpu_index=machine.index, use_gpu=use_gpu,
         given=given | ({"num_processes"} if "gpu_ids" in given else frozenset()),
     )

@@ -49,6 +49,9 @@ NAMES: Tuple[PrivateName, ...] = (
     PrivateName(f"{_PL}.loops.training_epoch_loop:_TrainingEpochLoop", "batch_progress",
                 "attribute", ("kosmoss.run.preemption", "kosmoss.data.datamodule"),
                 "the epoch's batches done, and whether this one is its last (loop internals)"),
+    PrivateName(f"{_PL}.loops.optimization.manual:_ManualOptimization", "optim_step_progress",
+                "attribute", ("kosmoss.run.chunks",), "the steps a CUDA graph replay made, "
+                "counted as LightningOptimizer.step counts them"),
     PrivateName(f"{_PL}.loops.evaluation_loop:_EvaluationLoop", "inference_mode", "attribute",
                 ("kosmoss.engines.horovod",), "evaluate under no_grad (Horovod's thread)"),
     PrivateName(f"{_PL}.strategies.launchers.subprocess_script:_SubprocessScriptLauncher",
@@ -139,6 +142,14 @@ def on_last_batch(trainer) -> bool:
 def batches_done(trainer) -> int:
     """The current epoch's batches Lightning has finished (its fetcher reads one ahead)."""
     return _epoch_loop(trainer).batch_progress.current.processed
+
+
+def count_manual_step(trainer) -> None:
+    """One optimizer step made outside LightningOptimizer.step (a CUDA graph replay), counted
+    as its hooks count it: global_step is this progress's completed steps."""
+    progress = _epoch_loop(trainer).manual_optimization.optim_step_progress
+    progress.increment_ready()
+    progress.increment_completed()
 
 
 def evaluation_loops(trainer) -> Iterator:

@@ -120,22 +120,47 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
-    num_workers = (config.num_workers if config.num_workers is not None
-                   else default_num_workers(topology.ranks_on_host))
+    data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
+                            gpu_bytes=gpu_bytes_per_rank(policy, share))
+    # Data on the device is gathered there, in this process: no worker would read it.
+    num_workers = 0 if data_mode == "device" else (
+        config.num_workers if config.num_workers is not None
+        else default_num_workers(topology.ranks_on_host))
+    steps = steps_per_execution(config.steps_per_execution, topology.world_size, engine,
+                                policy.accelerator, data_mode, num_workers)
+    if config.cuda_graphs:
+        _check_graphs(policy, topology, engine, data_mode, num_workers)
+        # A replay takes K full batches of one epoch: no more than an epoch holds.
+        full = sizes["train"] // scaling.world_size // scaling.per_device_batch_size
+        steps = max(1, min(steps, full))
     return RunPlan(
         config=config, engine=engine, topology=topology, policy=policy, share=share,
         scaling=scaling, dataset=dataset, split_sizes=sizes, run_id=run_id, run_dir=run_dir,
         resume_from=resume_from, resumed_from_step=step,
         num_workers=num_workers,
-        data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
-                              gpu_bytes=gpu_bytes_per_rank(policy, share)),
+        data_mode=data_mode,
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=point.notes if point is not None else (),
-        steps_per_execution=steps_per_execution(config.steps_per_execution, topology.world_size,
-                                                engine, policy.accelerator,
-                                                config.precision, num_workers),
+        steps_per_execution=steps,
     )
+
+
+def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: str,
+                  num_workers: int) -> None:
+    """--cuda-graphs captures a chunk's steps, the batch gather included: one GPU process,
+    its data on that GPU, steps that do not change from one chunk to the next."""
+    why_not = [reason for reason, holds in (
+        ("it trains on CPU (no CUDA GPU it may use)", policy.gpu),
+        (f"{topology.world_size} processes (DDP's all-reduces are not captured)",
+         topology.world_size == 1),
+        (f"--strategy {engine.name}", engine.steps_in_chunks),
+        (f"its data is not on the GPU (--mode {data_mode}; give --mode device)",
+         data_mode == "device"),
+        (f"{num_workers} data workers", num_workers == 0)) if not holds]
+    if why_not:
+        raise ConfigError("cuda_graphs", "{field}: a CUDA graph replays one GPU process's steps "
+                          f"with its data on the GPU; this run has {'; '.join(why_not)}")
 
 
 def _starts_the_attempt(topology: Topology) -> bool:

@@ -28,6 +28,7 @@ from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaChec
 from .chunks import ChunkCounts, StepsInChunks
 from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
+from .graphs import GraphsOnTheDevice
 from .lean import LeanLitMLP, NoProfiler
 from .plan import RunPlan
 from .preemption import StopOnSignal
@@ -70,16 +71,22 @@ def train(plan: RunPlan) -> Outcome:
     datamodule = RunDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
                                mode=plan.data_mode, splits=SPLITS, seed=config.seed,
                                num_workers=plan.num_workers, steps_per_execution=steps)
-    model_class = StepsInChunks if steps > 1 else LeanLitMLP
+    # A CUDA graph replays a chunk's steps: chunks even of one step (kosmoss.run.graphs).
+    model_class = StepsInChunks if steps > 1 or config.cuda_graphs else LeanLitMLP
     model = model_class(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
                         stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
                         warmup_start_lr=plan.scaling.base_lr)
+    model.capturable = config.cuda_graphs
+    if config.compile:  # in place: the state dict keeps its names
+        model.net.compile()
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
     stopper = StopOnSignal(plan.run_dir / "checkpoints")
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
     callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
                  Heartbeat(plan.run_dir), GpuShare(plan.share), ChunkCounts(steps)]
+    if config.cuda_graphs:
+        callbacks.append(GraphsOnTheDevice(plan.scaling.per_device_batch_size, steps))
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it
@@ -95,9 +102,22 @@ def train(plan: RunPlan) -> Outcome:
         activation_dtype=probe.activation_dtype,
         params=sum(p.numel() for p in model.parameters()), stopped_by=stopper.stopped_by,
         requeue=stopper.requeue_if_asked if trainer.is_global_zero else (lambda: None),
+        extra=_graph_figures(config, model),
     )
     plan.engine.shutdown()  # last: the trainer's rank questions need the engine up (Horovod)
     return outcome
+
+
+def _graph_figures(config, model) -> Dict[str, object]:
+    """How --cuda-graphs went: chunks replayed and run eagerly, and a failed capture said as
+    a warning of the run (it trained on, eagerly)."""
+    if not config.cuda_graphs:
+        return {}
+    figures = GraphsOnTheDevice.report(model)
+    failed = figures["capture_failed"]
+    return {"cuda_graphs": figures,
+            "warnings": [f"--cuda-graphs: the capture failed ({failed}): every step ran eagerly"
+                         ] if failed else []}
 
 
 @contextlib.contextmanager

@@ -36,7 +36,8 @@ def test_no_gpu_skips_exactly_the_gpu_rows():
     ladder = {f"ladder-{name}" for name in ("host", "resident", "bf16", "fused", "compile",
                                             "graphs", "graphs-k8", "top-65536", "top-max")}
     assert gpu_rows == {"raw-gpu", "lightning-gpu", "fabric-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
-                        "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"} | ladder
+                        "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2", "kosmoss-gpu-top",
+                        "kosmoss-gpu-top-max"} | ladder
     assert {i for i, r in reasons.items() if r} == gpu_rows
     assert {reasons[i] for i in gpu_rows} == {"no CUDA GPU"}
 
@@ -163,3 +164,7 @@ def test_the_ladder_rows_run_the_ladder_one_rung_each():
     assert cpu[cpu.index("--rungs") + 1] == "compile-fp32" and "cpu" in cpu
     assert "GPU memory" in skip_reason(BY_ID["ladder-resident"], machine(free_gpu_bytes=GIB),
                                        plan(n_samples=1_048_576))
+    kosmoss_top = command(BY_ID["kosmoss-gpu-top-max"], plan(), Path("/tmp/row.json"))
+    assert "--cuda-graphs" in kosmoss_top and "--compile" in kosmoss_top
+    assert kosmoss_top[kosmoss_top.index("--batch-size") + 1] == "1024"
+    assert BY_ID["kosmoss-gpu-top"].versus == "ladder-graphs-k8"

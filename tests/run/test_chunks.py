@@ -61,17 +61,20 @@ def test_keep_leaves_the_rest_of_a_chunk_unread():
 
 def test_k_is_chosen_where_a_loop_step_can_hold_several_and_refused_elsewhere():
     ddp, horovod = get_engine("ddp"), get_engine("horovod")
-    assert steps_per_execution(None, 1, ddp, "cpu", "32-true", 0) == STEPS_PER_EXECUTION
-    assert steps_per_execution(None, 2, ddp, "cpu", "32-true", 0) == 1
-    assert steps_per_execution(None, 1, horovod, "cpu", "32-true", 0) == 1
-    assert steps_per_execution(None, 1, ddp, "gpu", "32-true", 0) == 1
-    assert steps_per_execution(None, 1, ddp, "cpu", "bf16-mixed", 0) == 1
-    assert steps_per_execution(None, 1, ddp, "cpu", "32-true", 1) == 1
-    assert steps_per_execution(3, 1, ddp, "cpu", "32-true", 0) == 3
-    assert steps_per_execution(1, 2, ddp, "cpu", "32-true", 0) == 1
+    assert steps_per_execution(None, 1, ddp, "cpu", "controlled", 0) == STEPS_PER_EXECUTION
+    assert steps_per_execution(None, 1, ddp, "gpu", "device", 0) == STEPS_PER_EXECUTION
+    assert steps_per_execution(None, 2, ddp, "cpu", "controlled", 0) == 1
+    assert steps_per_execution(None, 1, horovod, "cpu", "controlled", 0) == 1
+    assert steps_per_execution(None, 1, ddp, "gpu", "controlled", 0) == 1  # pinned host batches
+    assert steps_per_execution(None, 1, ddp, "cpu", "efficient", 1) == 1
+    assert steps_per_execution(3, 1, ddp, "cpu", "controlled", 0) == 3
+    assert steps_per_execution(1, 2, ddp, "cpu", "controlled", 0) == 1
     with pytest.raises(ConfigError) as refused:
-        steps_per_execution(4, 2, ddp, "cpu", "32-true", 2)
+        steps_per_execution(4, 2, ddp, "cpu", "controlled", 2)
     assert "this run has 2 processes, 2 data workers: give 1" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        steps_per_execution(4, 1, ddp, "gpu", "efficient", 0)
+    assert "a GPU fed from host memory (--mode efficient)" in str(refused.value)
 
 
 def _train(home: Path, dataset: Path, k: int, *flags: str) -> dict:
@@ -146,8 +149,8 @@ def test_a_resume_that_changes_k_mid_epoch_ends_on_the_same_weights(shared_home,
 def test_a_k_the_run_cannot_take_is_one_line(shared_home, kosmoss_home):
     dataset = str(shared_home / "data" / "tiny")
     for flags, said in ((["--num-processes", "2", "--steps-per-execution", "4"],
-                         "--steps-per-execution 4: several steps per batch need one CPU "
-                         "process"),
+                         "--steps-per-execution 4: several steps per batch need one process "
+                         "of the ddp engine"),
                         (["--steps-per-execution", "0"], "--steps-per-execution 0")):
         done = run_script(["trainup_cpu.py", "--dataset", dataset, *flags],
                           kosmoss_home, timeout=120)

@@ -56,6 +56,7 @@ def _owner_object(entry, fitted):
         "LightningModule": fitted["model"],
         "ModelCheckpoint": fitted["saver"],
         "_TrainingEpochLoop": trainer.fit_loop.epoch_loop,
+        "_ManualOptimization": trainer.fit_loop.epoch_loop.manual_optimization,
         "_EvaluationLoop": trainer.validate_loop,
         "CSVLogger": trainer.logger,
         "_ExperimentWriter": trainer.logger.experiment,
@@ -97,6 +98,10 @@ def test_the_attributes_have_the_shapes_kosmoss_uses(fitted):
     assert isinstance(private.batches_done(trainer), int)
     assert all(isinstance(loop.inference_mode, bool) for loop in private.evaluation_loops(trainer))
     assert private.spawned_ranks(trainer) == []  # one process: nobody spawned
+    before = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress.total.completed
+    private.count_manual_step(trainer)
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    assert progress.total.completed == progress.total.ready == before + 1
 
 
 def test_the_checkpoint_holds_the_loop_state_kosmoss_rewrites(fitted):

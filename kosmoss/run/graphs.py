@@ -1,0 +1,157 @@
+"""The training step in a CUDA graph (``--cuda-graphs``): K optimizer steps — each batch
+gathered from the data on the GPU, forward, backward, Adam — captured once and replayed for
+every chunk of K full batches (:mod:`.chunks`). A replay launches the whole chunk at once:
+no Python, no kernel launch, no host round trip per step. PyTorch's whole-network capture
+recipe (torch.cuda.graphs docs): eager warm-up on a side stream, then capture; Adam is
+``capturable`` so its step counter lives on the GPU.
+
+What a replay cannot do runs eagerly, with the same parameters and optimizer: a chunk
+shorter than K (an epoch's end, ``--max-steps``) or with a partial batch, and the warm-up
+steps of the learning rate (a captured step bakes in the rate it was captured with). A
+capture that fails turns the graphs off for the run, with one warning in result.json.
+
+On a CPU a test double stands in for the graph (:class:`EagerGraph`: it runs what would
+have been captured at every replay), so the bookkeeping around replays — the loader's
+position, Lightning's step counters, the logged rows, checkpoints — is tested where CI
+runs; the real capture is tested on a GPU (tests/gpu).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, List, Optional
+
+import numpy as np
+import torch
+
+from .lean import LeanCallback
+
+WARMUP_CHUNKS = 1  # eager chunks on a side stream before the capture
+
+
+class CudaGraph:
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.graph = device, torch.cuda.CUDAGraph()
+
+    def warm_up(self) -> contextlib.AbstractContextManager:
+        """Eager steps on a side stream: their lazy set-up (cuBLAS, autograd's streams) is
+        then done outside the capture."""
+        return _side_stream(self.device)
+
+    def capture(self, steps: Callable[[], None]) -> None:
+        with torch.cuda.graph(self.graph):
+            steps()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EagerGraph:
+    """A graph's stand-in where there is no CUDA (tests): each replay runs the steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.steps: Optional[Callable[[], None]] = None
+
+    def warm_up(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def capture(self, steps: Callable[[], None]) -> None:
+        self.steps = steps
+
+    def replay(self) -> None:
+        self.steps()
+
+
+@contextlib.contextmanager
+def _side_stream(device: torch.device):
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+class GraphedSteps:
+    """K steps of ``module`` (a :class:`~kosmoss.run.chunks.StepsInChunks`) on the rows of
+    ``x`` and ``y``, the training data held on the device: warmed up, captured, replayed.
+
+    ``run(batches)`` trains one chunk's batches (index arrays into x and y) and returns
+    their losses as one tensor, or None when the chunk cannot be replayed (run it eagerly).
+    """
+
+    def __init__(self, module, x: torch.Tensor, y: torch.Tensor, batch_size: int, k: int,
+                 graph: Callable[[torch.device], object]) -> None:
+        self.module, self.x, self.y, self.k = module, x, y, k
+        self.batch_size = batch_size
+        self.static_idx = torch.zeros(k, batch_size, dtype=torch.long, device=x.device)
+        self.graph = graph(x.device)
+        self.losses: Optional[torch.Tensor] = None
+        self.warm_chunks = self.replays = 0
+        self.failed: Optional[str] = None
+
+    def replayable(self, batches: List[np.ndarray]) -> bool:
+        return (self.failed is None and len(batches) == self.k
+                and all(len(batch) == self.batch_size for batch in batches))
+
+    def run(self, batches: List[np.ndarray]) -> Optional[torch.Tensor]:
+        if not self.replayable(batches):
+            return None
+        self.static_idx.copy_(torch.from_numpy(np.stack(batches)))
+        if self.warm_chunks < WARMUP_CHUNKS:
+            with self.graph.warm_up():
+                losses = self._steps()
+            self.warm_chunks += 1
+            return losses
+        if self.losses is None and not self._capture():
+            return None
+        self.graph.replay()
+        self.replays += 1
+        return self.losses.clone()  # the next replay writes over them
+
+    def _capture(self) -> bool:
+        self.module.raw_optimizer().zero_grad(set_to_none=True)
+        try:
+            self.graph.capture(self._capture_into_losses)
+        except Exception as err:  # any capture failure: eager from here on, and say so
+            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            self.module.raw_optimizer().zero_grad(set_to_none=True)
+            return False
+        return True
+
+    def _capture_into_losses(self) -> None:
+        self.losses = self._steps()
+
+    def _steps(self) -> torch.Tensor:
+        return torch.stack([self._step(self.static_idx[j]) for j in range(self.k)])
+
+    def _step(self, idx: torch.Tensor) -> torch.Tensor:
+        """One step as the eager loop makes it, on the rows ``idx`` gathered on the device."""
+        batch = (torch.index_select(self.x, 0, idx), torch.index_select(self.y, 0, idx))
+        loss = self.module._common_step(batch, "train")
+        optimizer = self.module.raw_optimizer()
+        optimizer.zero_grad(set_to_none=True)
+        with self.module.backward_context():
+            loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+
+class GraphsOnTheDevice(LeanCallback):
+    """Gives a StepsInChunks model its GraphedSteps once the data sits on its device, and
+    says afterwards how its chunks were trained (result.json ``cuda_graphs``)."""
+
+    def __init__(self, batch_size: int, steps: int, graph=None) -> None:
+        self.batch_size, self.steps, self.graph = batch_size, steps, graph
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        held = trainer.datamodule.data.resident()
+        x, y = held[0], held[1]
+        graph = self.graph or (CudaGraph if x.device.type == "cuda" else EagerGraph)
+        pl_module.graphs = GraphedSteps(pl_module, x, y, self.batch_size, self.steps, graph)
+
+    @staticmethod
+    def report(pl_module) -> dict:
+        graphs = getattr(pl_module, "graphs", None)
+        return {"replays": graphs.replays if graphs else 0,
+                "warm_up_chunks": graphs.warm_chunks if graphs else 0,
+                "eager_chunks": getattr(pl_module, "eager_chunks", 0),
+                "capture_failed": graphs.failed if graphs else None}

@@ -1,0 +1,170 @@
+"""--cuda-graphs around the graph itself, on CPU: kosmoss.run.graphs.EagerGraph stands in
+for the CUDA graph (it runs at each replay what would have been captured), so everything a
+replay must keep — weights, the logged rows, Lightning's step counters, the loader's place
+in a checkpoint, the rate's warm-up — is checked here; tests/gpu captures for real."""
+from types import SimpleNamespace
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loggers import CSVLogger
+
+from kosmoss.core.errors import ConfigError
+from kosmoss.run import graphs
+from kosmoss.run.chunks import StepsInChunks
+from kosmoss.run.datamodule import RunDataModule
+from kosmoss.run.lean import LeanLitMLP
+from kosmoss.run.plan import _check_graphs
+from kosmoss.run.train import _graph_figures
+
+K, BATCH = 4, 64
+
+
+class FailingGraph(graphs.EagerGraph):
+    def capture(self, steps):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def _fit(dataset, tmp_path, *, graph=None, steps=30, warmup=0, model_class=StepsInChunks,
+         k=K, precision="32-true", ckpt=None, stop_at=None):
+    pl.seed_everything(5, verbose=False)
+    model = model_class(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics(),
+                        warmup_steps=warmup, warmup_start_lr=1e-4)
+    callbacks = [graphs.GraphsOnTheDevice(BATCH, k, graph)] if graph else []
+    if stop_at:
+        callbacks.append(StopAfter(stop_at, tmp_path / "stopped.ckpt"))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision=precision,
+                         logger=CSVLogger(tmp_path, name="csv", version=""),
+                         log_every_n_steps=3, callbacks=callbacks, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False,
+                         use_distributed_sampler=False, default_root_dir=tmp_path)
+    module = RunDataModule(dataset, batch_size=BATCH, seed=1, mode="controlled",
+                           steps_per_execution=k)
+    trainer.fit(model, datamodule=module, ckpt_path=ckpt)
+    return trainer, model, (tmp_path / "csv" / "metrics.csv").read_text()
+
+
+class StopAfter(pl.Callback):
+    def __init__(self, step, path):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def _same_weights(a, b):
+    for name, value in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_replayed_chunks_train_and_log_as_the_eager_loop(random_dataset, tmp_path):
+    """1000 rows, 800 to train: 12 full batches of 64 and one of 32 an epoch; 30 steps:
+    chunks of 4 steps replayed, the epoch's partial last chunk and the last 2 steps eager."""
+    _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager")
+    trainer, graphed, graphed_rows = _fit(random_dataset, tmp_path / "graphed",
+                                          graph=graphs.EagerGraph)
+    _same_weights(eager, graphed)
+    assert graphed_rows == eager_rows and "train_loss" in graphed_rows
+    assert trainer.global_step == 30
+    figures = graphs.GraphsOnTheDevice.report(graphed)
+    assert figures["replays"] >= 3 and figures["warm_up_chunks"] == graphs.WARMUP_CHUNKS
+    assert figures["eager_chunks"] >= 2
+    assert figures["capture_failed"] is None
+
+
+def test_no_replay_while_the_rate_warms_up(random_dataset, tmp_path):
+    _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager", warmup=10)
+    _, graphed, graphed_rows = _fit(random_dataset, tmp_path / "graphed", warmup=10,
+                                    graph=graphs.EagerGraph)
+    _same_weights(eager, graphed)
+    assert graphed_rows == eager_rows
+    assert graphed.graphs.warm_chunks == graphs.WARMUP_CHUNKS  # began after step 10
+
+
+def test_a_run_stopped_between_replays_resumes_exactly(random_dataset, tmp_path):
+    """Stopped after the third chunk (step 12, mid-epoch): the resumed run's own graph is
+    captured after its warm-up chunk, and it ends on the never-stopped run's weights."""
+    _, straight, _ = _fit(random_dataset, tmp_path / "straight", graph=graphs.EagerGraph)
+    stopped_dir = tmp_path / "stopped"
+    stopped, _, _ = _fit(random_dataset, stopped_dir, graph=graphs.EagerGraph, stop_at=9)
+    assert stopped.global_step == 12
+    trainer, resumed, _ = _fit(random_dataset, tmp_path / "resumed", graph=graphs.EagerGraph,
+                               ckpt=stopped_dir / "stopped.ckpt")
+    _same_weights(straight, resumed)
+    assert trainer.global_step == 30
+
+
+def test_a_failed_capture_trains_on_eagerly_and_says_so(random_dataset, tmp_path):
+    _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager")
+    _, graphed, rows = _fit(random_dataset, tmp_path / "graphed", graph=FailingGraph)
+    _same_weights(eager, graphed)
+    assert rows == eager_rows
+    figures = _graph_figures(SimpleNamespace(cuda_graphs=True), graphed)
+    assert "operation not permitted" in figures["cuda_graphs"]["capture_failed"]
+    assert len(figures["warnings"]) == 1 and "--cuda-graphs" in figures["warnings"][0]
+    assert figures["cuda_graphs"]["replays"] == 0
+
+
+def test_bf16_in_chunks_trains_as_lightnings_automatic_loop(random_dataset, tmp_path):
+    """The backward passes run outside the step's autocast, as Lightning's automatic
+    optimisation runs them: K = 8 is bit-identical to one step a batch in bf16-mixed too."""
+    _, automatic, automatic_rows = _fit(random_dataset, tmp_path / "k1", k=1, steps=20,
+                                        model_class=LeanLitMLP, precision="bf16-mixed")
+    _, chunked, chunked_rows = _fit(random_dataset, tmp_path / "k8", k=8, steps=20,
+                                    precision="bf16-mixed")
+    _same_weights(automatic, chunked)
+    assert chunked_rows == automatic_rows
+
+
+def _policy(gpu=True):
+    return SimpleNamespace(gpu=gpu)
+
+
+@pytest.mark.parametrize("change, said", [
+    (dict(policy=_policy(gpu=False)), "it trains on CPU"),
+    (dict(world=2), "2 processes"),
+    (dict(engine="horovod"), "--strategy horovod"),
+    (dict(data_mode="controlled"), "--mode controlled; give --mode device"),
+    (dict(workers=2), "2 data workers"),
+])
+def test_graphs_where_they_cannot_work_are_refused_naming_why(change, said):
+    args = dict(policy=_policy(), world=1, engine="ddp", data_mode="device", workers=0)
+    args.update(change)
+    engine = SimpleNamespace(name=args["engine"], steps_in_chunks=args["engine"] == "ddp")
+    with pytest.raises(ConfigError) as refused:
+        _check_graphs(args["policy"], SimpleNamespace(world_size=args["world"]), engine,
+                      args["data_mode"], args["workers"])
+    assert refused.value.field == "cuda_graphs" and said in str(refused.value)
+
+
+def test_cuda_graphs_on_a_machine_without_a_gpu_is_one_line(shared_home, kosmoss_home):
+    from helpers import run_script
+
+    done = run_script(["trainup_gpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--cuda-graphs", "--max-steps", "2"], kosmoss_home, timeout=120,
+                      env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("trainup_gpu.py: error: --cuda-graphs:") and "CPU" in lines[-1]
+    assert not [line for line in lines if line.startswith("Traceback")]
+
+
+@pytest.mark.slow
+def test_compile_trains_as_eager_on_cpu(shared_home, kosmoss_home, tmp_path):
+    import json
+
+    from helpers import run_script
+
+    results = {}
+    for name, flags in (("eager", []), ("compiled", ["--compile"])):
+        out = tmp_path / f"{name}.json"
+        done = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                           "--hidden", "16", "--max-steps", "12", "--no-progress",
+                           "--result-json", str(out), *flags], kosmoss_home, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[name] = json.loads(out.read_text())
+    assert results["compiled"]["compile"] is True and results["eager"]["compile"] is False
+    assert results["compiled"]["val_loss"] == pytest.approx(results["eager"]["val_loss"],
+                                                            rel=1e-4)
