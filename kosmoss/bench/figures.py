@@ -93,6 +93,7 @@ def summarize(measurements: List[dict]) -> dict:
             "of_limit": med("of_limit"), "limit_samples_per_s": med("limit_samples_per_s"),
             "bound_by": next((m["bound_by"] for m in ok if m.get("bound_by")), None),
             "setup_s": med("setup_s"),
+            "cuda_graphs": next((m["cuda_graphs"] for m in ok if m.get("cuda_graphs")), None),
             "peak_host_mib": peak("peak_host_mib"), "peak_gpu_mib": peak("peak_gpu_mib")}
 
 

@@ -88,6 +88,9 @@ def figures_from(result: dict, launched_unix: float) -> dict:
         "limit_samples_per_s": result.get("limit_samples_per_s"),
         "bound_by": result.get("bound_by"),
         "setup_s": result.get("setup_s"),
+        # kosmoss rows with --cuda-graphs: chunks replayed, run eagerly, a failed capture.
+        "cuda_graphs": result.get("cuda_graphs"),
+        "compile": result.get("compile"),
     }
 
 

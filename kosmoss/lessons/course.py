@@ -39,7 +39,9 @@ SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
 # What scripts/gpu_check.sh recorded on a GPU (docs/gpu/): a lesson's GPU-only cell shows
 # it where the learner has no GPU, with its date and device. Newest last.
 GPU_RECORDS = ("docs/gpu/2026-11-26-h200/results.json",
-               "docs/gpu/2026-11-26-h200-followup/results.json")
+               "docs/gpu/2026-11-26-h200-followup/results.json",
+               "docs/gpu/2026-11-26-h100/results.json",
+               "docs/gpu/2026-11-26-h100-ladder/results.json")
 COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
               "scripts/install_horovod.sh") + GPU_RECORDS
 QUICK_ENV = "KOSMOSS_LESSON_QUICK"

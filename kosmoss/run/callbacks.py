@@ -79,6 +79,10 @@ class ThroughputMeter(LeanCallback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if isinstance(batch, Chunk):  # one optimizer step per batch in it, each timed
+            if self.clock.first_step_unix is not None and batch.step_ends:
+                # After a pause (a validation) the chunk's first step is no warm-up: counted
+                # from the chunk's start (an epoch of one chunk would lose 1/K of it).
+                self.clock.start(batch.step_ends[0])
             for samples, ended in zip(batch.sizes, batch.step_ends[1:]):
                 self._step_done(samples, pl_module.device, ended)
             if self._last_chunk_end is not None and batch.step_ends:

@@ -5,7 +5,7 @@ with K optimizer steps per step of Lightning's loop, its batches come in
 :class:`~kosmoss.run.chunks.Chunk` s of K."""
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from torch.utils.data import DataLoader
 
@@ -49,16 +49,19 @@ class RunDataModule(FlattenedDataModule):
     """FlattenedDataModule with a resumable training loader (chunked when K > 1, which needs
     batches read in this process: no workers, no pinned memory)."""
 
-    def __init__(self, *args, steps_per_execution: int = 1, **kwargs) -> None:
+    def __init__(self, *args, steps_per_execution: int = 1, chunked: Optional[bool] = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.steps_per_execution = steps_per_execution
+        # Chunks of one step too where a CUDA graph replays them (kosmoss.run.graphs).
+        self.chunked = steps_per_execution > 1 if chunked is None else chunked
 
     def train_dataloader(self) -> TrainLoader:
         sampler, options = self.sampler("train"), self.loader_options()
         if options is not None:
             return ResumableLoader(self.data, sampler=sampler, batches_done=self._batches_done,
                                    **options)
-        if self.steps_per_execution > 1:
+        if self.chunked:
             return ChunkedBatchLoader(self.data, sampler, self.steps_per_execution)
         return ResumableBatchLoader(self.data, sampler, batches_done=self._batches_done)
 

@@ -83,6 +83,11 @@ class GraphedSteps:
         self.module, self.x, self.y, self.k = module, x, y, k
         self.batch_size = batch_size
         self.static_idx = torch.zeros(k, batch_size, dtype=torch.long, device=x.device)
+        # The indices go through pinned memory: a pageable copy would wait for the replay
+        # before it on the GPU, and the host could not prepare the next chunk meanwhile.
+        cuda = x.device.type == "cuda"
+        self.host_idx = torch.zeros(k, batch_size, dtype=torch.long, pin_memory=cuda)
+        self.copied = torch.cuda.Event() if cuda else None
         self.graph = graph(x.device)
         self.losses: Optional[torch.Tensor] = None
         self.warm_chunks = self.replays = 0
@@ -95,7 +100,7 @@ class GraphedSteps:
     def run(self, batches: List[np.ndarray]) -> Optional[torch.Tensor]:
         if not self.replayable(batches):
             return None
-        self.static_idx.copy_(torch.from_numpy(np.stack(batches)))
+        self._copy_indices(batches)
         if self.warm_chunks < WARMUP_CHUNKS:
             with self.graph.warm_up():
                 losses = self._steps()
@@ -106,6 +111,14 @@ class GraphedSteps:
         self.graph.replay()
         self.replays += 1
         return self.losses.clone()  # the next replay writes over them
+
+    def _copy_indices(self, batches: List[np.ndarray]) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()  # the last copy out of host_idx is done
+        self.host_idx.numpy()[:] = np.stack(batches)
+        self.static_idx.copy_(self.host_idx, non_blocking=self.copied is not None)
+        if self.copied is not None:
+            self.copied.record()
 
     def _capture(self) -> bool:
         self.module.raw_optimizer().zero_grad(set_to_none=True)

@@ -81,6 +81,8 @@ NAMES: Tuple[PrivateName, ...] = (
                 ("kosmoss.bench.ddp_anatomy",), "one flat all-reduce, as DDP's buckets do"),
     PrivateName("torch._utils", "_unflatten_dense_tensors", "function",
                 ("kosmoss.bench.ddp_anatomy",), "the flat all-reduce's result, per gradient"),
+    PrivateName("torch._dynamo.utils", "counters", "attribute", ("kosmoss.run.train",),
+                "how many graphs torch.compile made: --compile is seen to work"),
     PrivateName("torch.optim.optimizer:Optimizer", "_opt_called", "attribute",
                 ("kosmoss.engines.horovod",), "torch's scheduler-order warning"),
     PrivateName("torch.optim.lr_scheduler", "_wrapped_by_lr_sched", "attribute",
@@ -208,6 +210,13 @@ def unflatten(flat, tensors):
     from torch._utils import _unflatten_dense_tensors
 
     return _unflatten_dense_tensors(flat, tensors)
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process (Dynamo's own count)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def track_scheduler_order(optimizer, step: Callable) -> Callable:

@@ -58,6 +58,7 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "collective_timeout_s": plan.collective_timeout.total_seconds(),
         "warnings": list(plan.warnings) + list(outcome.extra.get("warnings", [])),
         "compile": config.compile,
+        "compiled_graphs": outcome.extra.get("compiled_graphs"),  # torch.compile's, this process
         "cuda_graphs": outcome.extra.get("cuda_graphs"),
         "seed": config.seed,
         "config": config.as_dict(),

@@ -54,6 +54,13 @@ class StepClock:
         self._last = now
         return False
 
+    def start(self, at: float) -> None:
+        """Begin an interval at ``at`` (``time.perf_counter``) unless one runs: the next step
+        is counted whole."""
+        if self._last is None:
+            self._last = at
+            self._faults_at_start = minor_faults()
+
     def pause(self, device: torch.device) -> None:
         if self._last is not None:
             if device.type == "cuda":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 
@@ -24,6 +25,7 @@ from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_ti
                              timeout_line, write_stacks)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
+from . import lightning_private as private
 from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
 from .chunks import ChunkCounts, StepsInChunks
 from .datamodule import RunDataModule
@@ -70,15 +72,19 @@ def train(plan: RunPlan) -> Outcome:
     # K optimizer steps per step of Lightning's loop (kosmoss.run.chunks).
     datamodule = RunDataModule(plan.dataset, batch_size=plan.scaling.per_device_batch_size,
                                mode=plan.data_mode, splits=SPLITS, seed=config.seed,
-                               num_workers=plan.num_workers, steps_per_execution=steps)
+                               num_workers=plan.num_workers, steps_per_execution=steps,
+                               chunked=steps > 1 or config.cuda_graphs)
     # A CUDA graph replays a chunk's steps: chunks even of one step (kosmoss.run.graphs).
     model_class = StepsInChunks if steps > 1 or config.cuda_graphs else LeanLitMLP
     model = model_class(plan.dataset.n_x, config.hidden, plan.dataset.n_y, lr=plan.scaling.lr,
                         stats=plan.dataset.statistics(), warmup_steps=plan.scaling.warmup_steps,
                         warmup_start_lr=plan.scaling.base_lr)
     model.capturable = config.cuda_graphs
-    if config.compile:  # in place: the state dict keeps its names
-        model.net.compile()
+    if config.compile:
+        # The network's forward, so the state dict keeps its names. Not nn.Module.compile():
+        # it compiles Module._call_impl, a frame Dynamo skips, and so runs eagerly (torch
+        # 2.11 and 2.13, tests/run/test_graphs.py).
+        model.net.forward = torch.compile(model.net.forward)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
     stopper = StopOnSignal(plan.run_dir / "checkpoints")
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
@@ -109,13 +115,17 @@ def train(plan: RunPlan) -> Outcome:
 
 
 def _graph_figures(config, model) -> Dict[str, object]:
-    """How --cuda-graphs went: chunks replayed and run eagerly, and a failed capture said as
-    a warning of the run (it trained on, eagerly)."""
+    """How --compile and --cuda-graphs went: the graphs torch.compile made, the chunks
+    replayed and run eagerly, and a failed capture said as a warning of the run (it
+    trained on, eagerly)."""
+    found: Dict[str, object] = {}
+    if config.compile:
+        found["compiled_graphs"] = private.compiled_graphs()
     if not config.cuda_graphs:
-        return {}
+        return found
     figures = GraphsOnTheDevice.report(model)
     failed = figures["capture_failed"]
-    return {"cuda_graphs": figures,
+    return {**found, "cuda_graphs": figures,
             "warnings": [f"--cuda-graphs: the capture failed ({failed}): every step ran eagerly"
                          ] if failed else []}
 

@@ -39,7 +39,7 @@ def _fit(dataset, tmp_path, *, graph=None, steps=30, warmup=0, model_class=Steps
                          enable_checkpointing=False, enable_model_summary=False,
                          use_distributed_sampler=False, default_root_dir=tmp_path)
     module = RunDataModule(dataset, batch_size=BATCH, seed=1, mode="controlled",
-                           steps_per_execution=k)
+                           steps_per_execution=k, chunked=model_class is StepsInChunks)
     trainer.fit(model, datamodule=module, ckpt_path=ckpt)
     return trainer, model, (tmp_path / "csv" / "metrics.csv").read_text()
 
@@ -74,6 +74,17 @@ def test_replayed_chunks_train_and_log_as_the_eager_loop(random_dataset, tmp_pat
     assert figures["capture_failed"] is None
 
 
+def test_graphs_of_one_step_a_chunk(random_dataset, tmp_path):
+    """The largest batches leave one full batch an epoch: K is 1, the loader still hands out
+    chunks (the run path once handed the graphed model plain batches there)."""
+    _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager", k=1, steps=14,
+                                model_class=LeanLitMLP)
+    _, graphed, graphed_rows = _fit(random_dataset, tmp_path / "graphed", k=1, steps=14,
+                                    graph=graphs.EagerGraph)
+    _same_weights(eager, graphed)
+    assert graphed_rows == eager_rows and graphed.graphs.replays >= 10
+
+
 def test_no_replay_while_the_rate_warms_up(random_dataset, tmp_path):
     _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager", warmup=10)
     _, graphed, graphed_rows = _fit(random_dataset, tmp_path / "graphed", warmup=10,
@@ -101,7 +112,7 @@ def test_a_failed_capture_trains_on_eagerly_and_says_so(random_dataset, tmp_path
     _, graphed, rows = _fit(random_dataset, tmp_path / "graphed", graph=FailingGraph)
     _same_weights(eager, graphed)
     assert rows == eager_rows
-    figures = _graph_figures(SimpleNamespace(cuda_graphs=True), graphed)
+    figures = _graph_figures(SimpleNamespace(cuda_graphs=True, compile=False), graphed)
     assert "operation not permitted" in figures["cuda_graphs"]["capture_failed"]
     assert len(figures["warnings"]) == 1 and "--cuda-graphs" in figures["warnings"][0]
     assert figures["cuda_graphs"]["replays"] == 0
@@ -166,5 +177,29 @@ def test_compile_trains_as_eager_on_cpu(shared_home, kosmoss_home, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         results[name] = json.loads(out.read_text())
     assert results["compiled"]["compile"] is True and results["eager"]["compile"] is False
+    assert results["compiled"]["compiled_graphs"] >= 1  # compiled, not silently eager
     assert results["compiled"]["val_loss"] == pytest.approx(results["eager"]["val_loss"],
                                                             rel=1e-4)
+
+
+@pytest.mark.parametrize("batch, k", [(128, 8), (1024, 1)])
+def test_the_run_path_wires_graphs_whatever_k_the_epoch_leaves(shared_home, monkeypatch,
+                                                                 batch, k):
+    """Through prepare and train, as trainup runs it (the CPU check of --cuda-graphs lifted:
+    on CPU the graph is the stand-in): 1,638 training rows hold 12 full batches of 128 (K
+    stays 8) or one of 1,024 (K becomes 1); chunks reach the model either way."""
+    from kosmoss.run import plan as run_plan
+    from kosmoss.run.config import RunConfig
+    from kosmoss.run.train import train
+
+    monkeypatch.setenv("KOSMOSS_HOME", str(shared_home))
+    monkeypatch.setattr(run_plan, "_check_graphs", lambda *args: None)
+    plan = run_plan.prepare(RunConfig(dataset="tiny", batch_size=batch, hidden=(8,),
+                                      max_steps=30, max_epochs=1000, progress=False,
+                                      mode="controlled",
+                                      cuda_graphs=True))
+    assert plan.steps_per_execution == k
+    outcome = train(plan)
+    figures = outcome.extra["cuda_graphs"]
+    assert outcome.global_step == 30 and figures["replays"] >= 1, figures
+    assert figures["capture_failed"] is None and outcome.extra["warnings"] == []
