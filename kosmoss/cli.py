@@ -4,10 +4,11 @@ from __future__ import annotations
 import sys
 
 from . import __version__
-from .commands import bench, check, comm, data, env, ghosts, lessons, project, stacks, train, watch
+from .commands import (bench, check, comm, data, env, ghosts, hosts, lessons, project, stacks,
+                       train, watch)
 from .core.commandline import OneLineParser, run_command
 
-COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch)
+COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch, hosts)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 
 
