@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +38,7 @@ PREFIX = "kosmoss-"
 SWITCH = "sw"
 INTERFACE = "kosmoss0"  # the same name on every host, as a cluster's fast network has
 NETNS_DIR = Path("/run/netns")  # where iproute2 keeps named namespaces
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts /etc/netns/NAME/hosts on /etc/hosts
 STATE_DIR = Path(os.environ.get("KOSMOSS_HOSTS_STATE", "/run/kosmoss/hosts"))
 SOCKET_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -268,6 +270,7 @@ def make_hosts(count: int, rate_bps: Optional[float], *, purpose: str,
 
 def _build(made: HostSet, prefix: int) -> None:
     _ip([], batch="".join(f"netns add {name}\n" for name in made.namespaces))
+    _write_hosts_files(made)
     switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
     for host in made.hosts:
         port = f"p{host.index}"
@@ -282,6 +285,19 @@ def _build(made: HostSet, prefix: int) -> None:
             f"addr add {host.address}/{prefix} dev {INTERFACE}\nlink set {INTERFACE} up\n"))
         if made.rate_bps is not None:
             _ip(tbf_args(made.rate_bps), namespace=host.namespace, program="tc")
+
+
+def _write_hosts_files(made: HostSet) -> None:
+    """Every host's name resolves in every host, without DNS (there is none to reach), and
+    the machine's hostname to the host's own address, as a node's does: the lookups of
+    c10d, torchrun and Slurm find them."""
+    names = "".join(f"{address}{h.address} {h.namespace} h{h.index}\n" for h in made.hosts
+                    for address in ("", "::ffff:"))  # c10d's store: IPv6-mapped peers
+    for host in made.hosts:
+        folder = NETNS_ETC / host.namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} "
+                                      f"{socket.gethostname()}\n{names}")
 
 
 def tbf_args(rate_bps: float) -> List[str]:
@@ -302,6 +318,8 @@ def remove_namespaces(names: Sequence[str], record: Optional[Path] = None) -> Li
     end_processes_in(present)
     for name in present:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    for name in names:
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
     if record is not None:
         with contextlib.suppress(FileNotFoundError):
             record.unlink()
@@ -428,31 +446,25 @@ def check_no_leftovers() -> None:
 
 # --- which interface the ranks use -------------------------------------------------------
 
-def check_socket_interfaces(made: HostSet, environ: Optional[Dict[str, str]] = None) -> None:
-    """A GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME the user set must be every host's link to
-    the others: one line naming what each host would use, and what to use."""
+def check_socket_interfaces(environ: Optional[Dict[str, str]] = None) -> None:
+    """Before any host is made: a GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME the user set must
+    be the hosts' link to each other (every host has ``lo`` and ``kosmoss0``, nothing else):
+    one line naming what each host would use, and what to use."""
     environ = os.environ if environ is None else environ
     for variable in SOCKET_VARIABLES:
         wanted = environ.get(variable)
-        if not wanted:
-            continue
-        tried = [f"host {h.index} {_interface_use(h.namespace, wanted, made.subnet)}"
-                 for h in made.hosts]
-        if any("reaches" not in line for line in tried):
-            raise UsageError(f"{variable}={wanted}: " + ", ".join(tried) + "; the hosts reach "
-                             f"each other only over {INTERFACE} ({made.subnet}): unset "
-                             f"{variable} (kosmoss sets it per host) or set {variable}="
-                             f"{INTERFACE}")
+        if wanted and wanted != INTERFACE:
+            tried = _interface_use({"lo": ["127.0.0.1"]}, wanted)
+            raise UsageError(f"{variable}={wanted}: every host {tried}; the hosts reach each "
+                             f"other only over {INTERFACE} (one address each on the host "
+                             f"set's subnet): unset {variable} (kosmoss sets it per host) or "
+                             f"set {variable}={INTERFACE}")
 
 
-def _interface_use(namespace: Optional[str], name: str, subnet: str) -> str:
-    addresses = interface_addresses(namespace).get(name)
-    if addresses is None:
-        return f"has no interface {name}"
-    inside = [a for a in addresses if ipaddress.ip_address(a) in ipaddress.ip_network(subnet)]
-    if inside:
-        return f"reaches the others over {name} ({inside[0]})"
-    return f"would use {name} ({', '.join(addresses) or 'no address'})"
+def _interface_use(addresses: Dict[str, List[str]], name: str) -> str:
+    if name not in addresses:
+        return f"would look for {name} and has none (only {', '.join([*addresses, INTERFACE])})"
+    return f"would use {name} ({', '.join(addresses[name])}, its own loopback)"
 
 
 def interface_addresses(namespace: Optional[str] = None) -> Dict[str, List[str]]:
@@ -507,6 +519,26 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
+
+
+# --- entering a host ------------------------------------------------------------------
+
+CLONE_NEWNET = 0x40000000  # from <sched.h>
+
+
+def enter(namespace: str) -> None:
+    """Move this thread (and the threads it starts later) into a host's network namespace:
+    a rank started by torch.multiprocessing joins its host before it opens a socket.
+    (os.setns is Python 3.12's; libc's is the same call.)"""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(NETNS_DIR / namespace, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {namespace}")
+    finally:
+        os.close(fd)
 
 
 # --- link state, for a run that lost a host ----------------------------------------------
