@@ -234,11 +234,14 @@ def taken_networks() -> List[ipaddress.IPv4Network]:
 
 def choose_subnet(taken: Sequence[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
     """The first /24 of 10.0.0.0/8, from 10.213.0.0, that overlaps nothing taken."""
-    subnets = list(SUBNET_SPACE.subnets(new_prefix=24))
-    start = subnets.index(FIRST_SUBNET)
-    for subnet in subnets[start:] + subnets[:start]:
-        if not any(subnet.overlaps(other) for other in taken):
-            return subnet
+    ranges = [(int(n.network_address), int(n.broadcast_address)) for n in taken
+              if n.version == 4]
+    base, count = int(SUBNET_SPACE.network_address), SUBNET_SPACE.num_addresses // 256
+    start = (int(FIRST_SUBNET.network_address) - base) // 256
+    for k in (*range(start, count), *range(start)):
+        low = base + 256 * k
+        if not any(first <= low + 255 and last >= low for first, last in ranges):
+            return ipaddress.ip_network(f"{ipaddress.ip_address(low)}/24")
     raise UsageError("--hosts netns: every /24 of 10.0.0.0/8 overlaps a route of this "
                      "machine; remove some host sets (kosmoss hosts status)")
 
