@@ -83,7 +83,7 @@ def test_torchrun_multi_node_across_hosts(shared_home, tmp_path, loopback):
 
 def test_a_wrong_interface_is_one_line_before_anything_runs(shared_home):
     for wrong, said in (("lo", "every host would use lo (127.0.0.1, its own loopback)"),
-                        ("eth9", "every host would look for eth9 and has none")):
+                        ("eth9", "every host would look for eth9 and has none (only lo, kosmoss0)")):
         before = kosmoss_namespaces()
         proc = run_script(["trainup_cpu.py", "--num-nodes", "2", "--hosts", "netns", *TINY,
                            *STEPS], shared_home, env_extra={"GLOO_SOCKET_IFNAME": wrong})
