@@ -64,7 +64,11 @@ def lost_host(home: Path, script: Path, dataset: str, max_steps: int,
         time.sleep(REJOIN_AFTER_S)
         agents[1] = _start(made, 1, script, args, env, logs / "host1-back.log")
         events["host 1 back"] = time.time()
-        codes = [_finish(agent, deadline) for agent in agents]
+        codes = [_finish(agents[0], deadline)]
+        events["survivor ended"] = time.time()
+        # A host back after the survivor's last rendezvous waits for a round that never
+        # comes: it is given a little while, then ended (its code says which happened).
+        codes.append(_finish(agents[1], time.monotonic() + REJOIN_AFTER_S))
         events["end"] = time.time()
     result_file = run_dir / "result.json"
     return {"codes": codes, "events": events, "run_dir": str(run_dir),

@@ -137,3 +137,28 @@ def test_a_cut_link_ends_the_run_within_the_collective_timeout_naming_the_host(s
     assert took < 15 + 60, f"the run ended {took:.0f} s after the cut"  # timeout + tear-down
     assert not [n for n in kosmoss_namespaces() if run_id in n]
     assert not processes_of(home)
+
+
+def test_a_lost_host_under_elastic_torchrun_restarts_from_the_last_checkpoint(shared_home,
+                                                                             tmp_path):
+    """Every process of host 1 SIGKILLed after the first checkpoint: the survivor restarts
+    from it (trained_from_step > 0), says what the restart cannot keep, and reaches
+    --max-steps with a sane val_loss; nothing is left in any namespace."""
+    from kosmoss.launch.host_faults import lost_host
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "tiny").symlink_to(shared_home / "data" / "tiny")
+    before = kosmoss_namespaces()
+    scenario = lost_host(home, REPO / "trainup_cpu.py", "tiny", 60)
+    result = scenario["result"]
+    assert scenario["codes"][0] == 0, scenario["logs"]["host0.log"][-3000:]
+    assert result["global_step"] == 60 and result["launcher"] == "torchrun"
+    assert 0 < result["trained_from_step"] < 60
+    assert result["val_loss"] < result["mean_baseline_loss"]
+    said = scenario["logs"]["host0.log"]
+    assert "torchrun restart 1: run torchrun-" in said
+    assert "not kept: the per-device batch" in said
+    assert [a["state"] for a in scenario["run"]["attempts"]][:1] == ["failed"] or \
+        scenario["run"]["attempts"], scenario["run"]
+    assert kosmoss_namespaces() == before
