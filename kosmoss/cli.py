@@ -15,7 +15,7 @@ DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="kosmoss", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"kosmoss {__version__}")
-    subparsers = parser.add_subparsers(dest="subcommand", required=True,
+    subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND",
                                        parser_class=OneLineParser)
     for command in COMMANDS:
         command.register(subparsers)
