@@ -5,7 +5,9 @@ so none outlives this process); each rank joins one process group through
 ``init_process_group("env://")`` with MASTER_ADDR 127.0.0.1 and a free port, as kosmoss's
 simulated nodes do: ``nodes`` node groups of ``ranks // nodes`` ranks, NODE_RANK set in
 each. With hosts (``--hosts netns``) each node's ranks first enter the node's network
-namespace, and meet at host 0's address over the shaped links. With more than one node and more than one rank per node, the ranks also time the
+namespace, and meet at host 0's address over the shaped links.
+
+With more than one node and more than one rank per node, the ranks also time the
 two halves of a hierarchical all-reduce: inside each node (``intra``) and across nodes
 between ranks of the same local rank (``inter``), all node groups at once.
 
