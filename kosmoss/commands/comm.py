@@ -75,12 +75,13 @@ def comm_command(args: argparse.Namespace) -> None:
     max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
     plan = make_plan(args.ranks, args.nodes, args.backend, args.device, sizes, max_size,
                      args.repeats, args.warmup, args.compute_s)
+    rate = check_host_flags(args, plan)  # bad input: before anything is said or made
     out_dir = output_folder(args.out)
     progress = Console(stderr=True, highlight=False)
     progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "
                    f"{plan.device}, {len(plan.sizes)} sizes up to "
                    f"{figures.human_size(max(plan.sizes))}; output in {out_dir}", markup=False)
-    with _hosts(args, plan) as made:
+    with _hosts(args, plan, rate) as made:
         if made is not None:
             plan = on_hosts(plan, made)
             progress.print(f"over {made.describe()}", markup=False)
@@ -94,21 +95,30 @@ def comm_command(args: argparse.Namespace) -> None:
     progress.print("wrote " + ", ".join(map(str, written)), markup=False)
 
 
-@contextlib.contextmanager
-def _hosts(args: argparse.Namespace, plan):
-    """--hosts netns: one host per node for the measurement, removed after it."""
+def check_host_flags(args: argparse.Namespace, plan) -> Optional[float]:
+    """--hosts and --link-rate, checked: the rate in bits/s (None: unshaped)."""
     from ..launch import hosts
 
     if args.hosts != "netns":
         if args.link_rate is not None:
             raise UsageError(f"--link-rate {args.link_rate}: only with --hosts netns")
-        yield None
-        return
+        return None
     rate = hosts.parse_rate(args.link_rate, "--link-rate")
     if plan.nodes < 2:
         raise UsageError("--hosts netns: give --nodes 2 or more (each node is a host)")
     hosts.check_support("--hosts netns")
     hosts.check_count(plan.nodes, "--nodes")
+    return rate
+
+
+@contextlib.contextmanager
+def _hosts(args: argparse.Namespace, plan, rate: Optional[float]):
+    """--hosts netns: one host per node for the measurement, removed after it."""
+    from ..launch import hosts
+
+    if args.hosts != "netns":
+        yield None
+        return
     with hosts.host_set(plan.nodes, rate, purpose="kosmoss comm") as made:
         yield made
 

@@ -1,6 +1,7 @@
 """kosmoss comm across hosts: the fitted link bandwidth is the rate set (busbw, nccl-tests'
 factor), at 2 and 3 hosts; kosmoss project then counts one machine's cores for all."""
 import json
+import os
 import subprocess
 import sys
 
@@ -38,11 +39,12 @@ def test_the_fitted_bandwidth_is_the_set_rate(tmp_path, nodes):
     assert two["exposed_comm_s"] > 0.5 * 2 * (1 / 2) * report["model"]["gradient_bytes"] / rate
 
 
-def test_bad_host_flags_of_comm_are_one_line():
+def test_bad_host_flags_of_comm_are_one_line(tmp_path):
     for args, said in ((["--link-rate", "1gbit"], "--link-rate 1gbit: only with --hosts netns"),
                        (["--hosts", "netns"], "--hosts netns: give --nodes 2 or more"),
                        (["--nodes", "2", "--hosts", "netns", "--link-rate", "x"],
                         "--link-rate x: not a link rate")):
         proc = subprocess.run([sys.executable, "-m", "kosmoss", "comm", "--ranks", "2", *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "KOSMOSS_HOME": str(tmp_path)})
         assert proc.returncode == 2 and said in proc.stderr and proc.stderr.count("\n") == 1
