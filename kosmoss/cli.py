@@ -4,17 +4,18 @@ from __future__ import annotations
 import sys
 
 from . import __version__
-from .commands import bench, check, comm, data, env, ghosts, lessons, project, stacks, train, watch
+from .commands import (bench, check, comm, data, env, ghosts, hosts, lessons, project, stacks,
+                       train, watch)
 from .core.commandline import OneLineParser, run_command
 
-COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch)
+COMMANDS = (data, train, bench, ghosts, env, lessons, check, comm, project, stacks, watch, hosts)
 DESCRIPTION = "ECMWF's radiation-column MLP, from a laptop CPU to many GPUs."
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="kosmoss", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"kosmoss {__version__}")
-    subparsers = parser.add_subparsers(dest="subcommand", required=True,
+    subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND",
                                        parser_class=OneLineParser)
     for command in COMMANDS:
         command.register(subparsers)

@@ -119,8 +119,8 @@ def _metavar(action: argparse.Action) -> str:
 
 def _arguments(action: argparse.Action) -> str:
     """What follows a flag (or stands for a positional), as argparse spells it."""
-    if _is_subcommands(action):
-        return "{" + ",".join(action.choices) + "} ..."
+    if _is_subcommands(action):  # a metavar (kosmoss's COMMAND) as argparse shows it
+        return (action.metavar or "{" + ",".join(action.choices) + "}") + " ..."
     if action.nargs == 0:
         return ""
     meta = _metavar(action)

@@ -331,7 +331,8 @@ def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_d
           context: dict, echo: Callable[[str], None], compute_s: float) -> dict:
     """The kosmoss comm measurement of this topology, each all-reduce after ``compute_s``
     of compute (one per topology and compute time per bench)."""
-    key = "{}x{}-{}-{:.1f}ms".format(*topology, compute_s * 1e3)
+    hosts = host_flags(setup)  # a row on hosts: its comm over the same shaped links
+    key = "{}x{}-{}-{:.1f}ms".format(*topology, compute_s * 1e3) + "-".join(["", *hosts[1::2]])
     if key in context["comm"]:
         return context["comm"][key]["result"]
     ranks, nodes, device = topology
@@ -340,12 +341,20 @@ def _comm(setup: Setup, topology: Tuple[int, int, str], shape, plan: Plan, out_d
     sizes = sorted(set(COMM_SIZES) | {size for size, _ in shape.buckets})
     argv = [sys.executable, "-m", "kosmoss.commands.comm", "--ranks", str(ranks), "--nodes",
             str(nodes), "--backend", "gloo", "--device", device, "--repeats", str(COMM_REPEATS),
-            "--compute-s", f"{compute_s:.6f}", "--out", str(folder), "--sizes", *map(str, sizes)]
+            "--compute-s", f"{compute_s:.6f}", "--out", str(folder), *hosts,
+            "--sizes", *map(str, sizes)]
     echo(f"predict {setup.id}: kosmoss comm --ranks {ranks} --nodes {nodes} --compute-s "
          f"{compute_s:.4f} ({device})")
     result = _measured("kosmoss comm", argv, setup, out_dir, log, folder / "comm.json")
     context["comm"][key] = {"comm_json": str(folder / "comm.json"), "result": result}
     return result
+
+
+def host_flags(setup: Setup) -> List[str]:
+    """--hosts and --link-rate of a row's command, for its kosmoss comm."""
+    entry = list(setup.entry)
+    return [flag for name in ("--hosts", "--link-rate") if name in entry
+            for flag in (name, entry[entry.index(name) + 1])]
 
 
 def prediction_summary(context: dict) -> dict:

@@ -92,6 +92,12 @@ MATRIX: Tuple[Setup, ...] = (
     Setup("nodes-cpu-2x1", "kosmoss, 2 simulated nodes x 1 process, CPU", "kosmoss", ranks=2,
           versus="raw-cpu", single="kosmoss-cpu",
           entry=("trainup_cpu.py", "--num-nodes", "2", "--num-processes", "1")),
+    *(Setup(f"hosts-cpu-2x1{'-' + rate if rate != 'none' else ''}",
+            f"kosmoss, 2 hosts (network namespaces) x 1 process, CPU, links {rate}", "kosmoss",
+            ranks=2, versus="raw-cpu", single="kosmoss-cpu",
+            entry=("trainup_cpu.py", "--num-nodes", "2", "--num-processes", "1", "--hosts",
+                   "netns", "--link-rate", rate))
+      for rate in ("none", "1gbit", "100mbit")),
     Setup("horovod-cpu-2", "kosmoss, Horovod (gloo), 2 CPU processes", "kosmoss", ranks=2,
           horovod=True, versus="raw-cpu", single="kosmoss-cpu", entry=HOROVOD_CPU),
     Setup("loader-course", "loader: the course's, one memmap opened per sample", "loader"),
@@ -160,6 +166,7 @@ class Machine:
     scripts_missing: Optional[str]
     free_ram_bytes: int
     free_gpu_bytes: int = 0
+    hosts_missing: Optional[str] = None  # why hosts in network namespaces cannot be made here
 
 
 def probe(setups: Sequence[Setup] = MATRIX) -> Machine:
@@ -174,7 +181,19 @@ def probe(setups: Sequence[Setup] = MATRIX) -> Machine:
         scripts_missing=scripts_missing(),
         free_ram_bytes=psutil.virtual_memory().available,
         free_gpu_bytes=torch.cuda.mem_get_info()[0] if cuda else 0,
+        hosts_missing=hosts_missing() if any(uses_hosts(s) for s in setups) else None,
     )
+
+
+def uses_hosts(setup: Setup) -> bool:
+    return "--hosts" in setup.entry
+
+
+def hosts_missing() -> Optional[str]:
+    from ..launch.hosts import support_missing
+
+    missing = support_missing()
+    return f"hosts in network namespaces: {missing}" if missing else None
 
 
 def horovodrun() -> Optional[str]:
@@ -234,6 +253,8 @@ def skip_reason(setup: Setup, machine: Machine, plan: Optional[Plan]) -> Optiona
         return machine.horovod_missing
     if setup.kind == "kosmoss" and machine.scripts_missing:
         return machine.scripts_missing
+    if uses_hosts(setup) and machine.hosts_missing:
+        return machine.hosts_missing
     if setup.holds_splits and plan is not None:
         return _memory_shortfall(setup, machine, plan)
     return None

@@ -44,6 +44,16 @@ def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "
                     compute_s=compute_s)
 
 
+def on_hosts(plan: CommPlan, made) -> CommPlan:
+    """The plan with its nodes on a host set (kosmoss.launch.hosts.host_set)."""
+    from dataclasses import replace
+
+    from ..launch.hosts import rate_name
+
+    return replace(plan, host_namespaces=tuple(h.namespace for h in made.hosts),
+                   master_addr=made.master_addr, link_rate=rate_name(made.rate_bps))
+
+
 def _check_counts(ranks: int, nodes: int, repeats: int, warmup: int) -> None:
     if ranks < 2:
         raise UsageError(f"--ranks {ranks}: an all-reduce needs at least 2 ranks")

@@ -4,7 +4,10 @@
 so none outlives this process); each rank joins one process group through
 ``init_process_group("env://")`` with MASTER_ADDR 127.0.0.1 and a free port, as kosmoss's
 simulated nodes do: ``nodes`` node groups of ``ranks // nodes`` ranks, NODE_RANK set in
-each. With more than one node and more than one rank per node, the ranks also time the
+each. With hosts (``--hosts netns``) each node's ranks first enter the node's network
+namespace, and meet at host 0's address over the shaped links.
+
+With more than one node and more than one rank per node, the ranks also time the
 two halves of a hierarchical all-reduce: inside each node (``intra``) and across nodes
 between ranks of the same local rank (``inter``), all node groups at once.
 
@@ -49,6 +52,11 @@ class CommPlan:
     warmup: int
     threads_per_rank: int
     compute_s: float = 0.0  # > 0: each all-reduce follows this much model compute
+    # --hosts netns: node n's ranks run in host_namespaces[n] (kosmoss.launch.hosts), over
+    # its interface, MASTER_ADDR host 0's address; the link's rate as set ("" unshaped).
+    host_namespaces: Tuple[str, ...] = ()
+    master_addr: str = "127.0.0.1"
+    link_rate: str = ""
 
     @property
     def ranks_per_node(self) -> int:
@@ -77,7 +85,12 @@ def _rank_main(rank: int, plan: CommPlan, master_port: int, result: str) -> None
     from ..launch.spawn import leave_rank, write_result
 
     local_rank, node_rank = rank % plan.ranks_per_node, rank // plan.ranks_per_node
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+    if plan.host_namespaces:  # before any socket: the rank lives on its node's host
+        from ..launch.hosts import INTERFACE, SOCKET_VARIABLES, enter
+
+        enter(plan.host_namespaces[node_rank])
+        os.environ.update({name: INTERFACE for name in SOCKET_VARIABLES})
+    os.environ.update(MASTER_ADDR=plan.master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(plan.ranks), LOCAL_RANK=str(local_rank),
                       NODE_RANK=str(node_rank), OMP_NUM_THREADS=str(plan.threads_per_rank))
     torch.set_num_threads(plan.threads_per_rank)  # torch is imported already: env is too late

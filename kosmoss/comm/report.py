@@ -31,7 +31,7 @@ def table(result: dict) -> Table:
     how = (f", each after {_time(plan['compute_s'])} of compute (mean: what a step pays; "
            "wait: the mean rank's for the last)" if spaced else "")
     grid = Table(title=f"kosmoss comm: all-reduce, {plan['ranks']} ranks ({plan['nodes']} "
-                       f"node(s) x {plan['ranks_per_node']}), {plan['backend']} on "
+                       f"{_nodes_word(plan)} x {plan['ranks_per_node']}), {plan['backend']} on "
                        f"{plan['device']}, median of {plan['repeats']}{how}",
                  caption=_caption(result), caption_justify="left")
     columns = ("group", "size", "time", *(("mean", "wait") if spaced else ()), "algbw GB/s",
@@ -48,6 +48,13 @@ def table(result: dict) -> Table:
                          _gbps(row["busbw_Bps"]),
                          f"{_time(row['min_time_s'])}..{_time(row['max_time_s'])}")
     return grid
+
+
+def _nodes_word(plan: dict) -> str:
+    """Simulated nodes over loopback, or hosts in network namespaces at their link rate."""
+    if not plan.get("host_namespaces"):
+        return "node(s)"
+    return f"hosts in network namespaces, links {plan.get('link_rate') or 'unshaped'},"
 
 
 def _caption(result: dict) -> str:

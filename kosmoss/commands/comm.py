@@ -6,6 +6,7 @@
     kosmoss comm --ranks 4 --nodes 2               # 2 simulated nodes: world, intra, inter
     kosmoss comm --ranks 2 --backend gloo --device cuda   # ranks sharing one GPU
     kosmoss comm --ranks 2 --sizes 1.86M --repeats 50 --compute-s 0.005   # as in training
+    kosmoss comm --ranks 2 --nodes 2 --hosts netns --link-rate 1gbit   # 2 hosts, 1 Gbit/s links
 
 Writes comm.json (``kosmoss project --comm`` reads it), comm.csv and comm.png into --out
 (default: a new folder under $KOSMOSS_HOME/runs/).
@@ -13,6 +14,7 @@ Writes comm.json (``kosmoss project --comm`` reads it), comm.csv and comm.png in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import uuid
@@ -35,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes in all, started here (default %(default)s)")
     add("--nodes", type=int, default=1, metavar="M",
         help="simulated nodes the ranks are spread over, NODE_RANK each (default %(default)s)")
+    add("--hosts", choices=("loopback", "netns"), default="loopback",
+        help="netns: each node a host in its own network namespace, as root (docs/hosts.md)")
+    add("--link-rate", default=None, metavar="RATE",
+        help="with --hosts netns: every host's link, e.g. 100mbit, 1gbit, none (default none)")
     add("--backend", choices=("auto", "gloo", "nccl"), default="auto",
         help="auto: NCCL with a GPU per rank, else gloo (default %(default)s)")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -62,19 +68,24 @@ def register(subparsers) -> None:
 
 def comm_command(args: argparse.Namespace) -> None:
     from ..comm import report
-    from ..comm.measure import make_plan, measure
+    from ..comm.measure import make_plan, measure, on_hosts
     from ..scaling import allreduce as figures
 
     sizes = None if args.sizes is None else [figures.parse_size(s, "--sizes") for s in args.sizes]
     max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
     plan = make_plan(args.ranks, args.nodes, args.backend, args.device, sizes, max_size,
                      args.repeats, args.warmup, args.compute_s)
+    rate = check_host_flags(args, plan)  # bad input: before anything is said or made
     out_dir = output_folder(args.out)
     progress = Console(stderr=True, highlight=False)
     progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "
                    f"{plan.device}, {len(plan.sizes)} sizes up to "
                    f"{figures.human_size(max(plan.sizes))}; output in {out_dir}", markup=False)
-    result = measure(plan)
+    with _hosts(args, plan, rate) as made:
+        if made is not None:
+            plan = on_hosts(plan, made)
+            progress.print(f"over {made.describe()}", markup=False)
+        result = measure(plan)
     written = report.write_all(result, out_dir)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -82,6 +93,34 @@ def comm_command(args: argparse.Namespace) -> None:
         Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(
             report.table(result))
     progress.print("wrote " + ", ".join(map(str, written)), markup=False)
+
+
+def check_host_flags(args: argparse.Namespace, plan) -> Optional[float]:
+    """--hosts and --link-rate, checked: the rate in bits/s (None: unshaped)."""
+    from ..launch import hosts
+
+    if args.hosts != "netns":
+        if args.link_rate is not None:
+            raise UsageError(f"--link-rate {args.link_rate}: only with --hosts netns")
+        return None
+    rate = hosts.parse_rate(args.link_rate, "--link-rate")
+    if plan.nodes < 2:
+        raise UsageError("--hosts netns: give --nodes 2 or more (each node is a host)")
+    hosts.check_support("--hosts netns")
+    hosts.check_count(plan.nodes, "--nodes")
+    return rate
+
+
+@contextlib.contextmanager
+def _hosts(args: argparse.Namespace, plan, rate: Optional[float]):
+    """--hosts netns: one host per node for the measurement, removed after it."""
+    from ..launch import hosts
+
+    if args.hosts != "netns":
+        yield None
+        return
+    with hosts.host_set(plan.nodes, rate, purpose="kosmoss comm") as made:
+        yield made
 
 
 def output_folder(out: Optional[Path]) -> Path:

@@ -87,7 +87,8 @@ def _print_table(ghosts, args: argparse.Namespace) -> None:
         why = Text(f"{ghost.kind}: {ghost.reason}\n")
         for cause in ghost.causes:
             why.append(f"- {cause}\n", "bold")
-        table.add_row(str(ghost.pid), ghost.user, why.append(ghost.command[:120], "dim"),
+        pid = "-" if ghost.pid is None else str(ghost.pid)  # a leftover host set has none
+        table.add_row(pid, ghost.user, why.append(ghost.command[:120], "dim"),
                       _holds(ghost), _fate(ghost))
     console.print(table)
     killable = sum(ghost.killable for ghost in ghosts)
@@ -106,7 +107,7 @@ def _stacks(ghosts) -> dict:
     from ..diagnose.stacks import ProcessStacks, StackError, dump
 
     found = {}
-    for ghost in ghosts:
+    for ghost in (g for g in ghosts if g.pid is not None):  # a leftover host set has none
         member = RunProcess(ghost.pid, ghost.create_time, "process", None, f"pid {ghost.pid}")
         try:
             found[ghost.pid] = ProcessStacks(member, dump(ghost.pid))

@@ -7,6 +7,7 @@ node × M nodes (the cost model: kosmoss/scaling/projection.py, docs/scaling.md)
     kosmoss project --comm comm/comm.json            # links measured by kosmoss comm
     kosmoss project --intra nvlink4 --inter ib-ndr --nics 8 --devices 8 --nodes 1 2 4 16
     kosmoss project --json --out DIR                 # project.json, project.csv, project.png
+    kosmoss project --comm hosts/comm.json --devices 1 --nodes 1 2 3   # hosts on this machine
 
 Links: --comm FILE (kosmoss comm's JSON), or presets (nvlink3, nvlink4, pcie4, pcie5,
 ib-hdr, ib-ndr, 25gbe, 100gbe); on CPU with neither, the intra-node link is measured here
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="all-reduce during backward; auto: on GPU yes, on CPU no (ranks fill the cores)")
     add("--cores", type=float, default=None, metavar="C",
         help="CPU cores per node, shared by its ranks (default: this machine's)")
+    add("--one-machine", action="store_true",
+        help="every node runs on this one machine and shares its cores (hosts in network "
+             "namespaces; the default when --comm was measured across them)")
     add("--out", type=Path, default=None, metavar="DIR",
         help="also write project.json/.csv/.png here (a new or empty folder, or an earlier "
              "projection's)")
@@ -96,7 +100,8 @@ def project_command(args: argparse.Namespace) -> None:
     base = projection.Cluster(1, 1, intra, inter, nics=args.nics, share=profile.share,
                               overlap=_overlap(args.overlap, cpu), single_share=profile.share)
     rows = projection.grid(profile, shape, base, args.devices, args.nodes, batch,
-                           cores_per_node=_cores(args) if cpu else None, weak=args.weak)
+                           cores_per_node=_cores(args) if cpu else None, weak=args.weak,
+                           one_machine=args.one_machine or _comm_on_one_machine(args))
     result = _result(args, profile, shape, base, rows, batch)
     if out_dir is not None:
         _write(result, out_dir)
@@ -137,6 +142,12 @@ def _links(args: argparse.Namespace, device: str):
     if intra is None and device == "cuda":
         intra = preset("pcie4", "--intra")
     return intra, inter
+
+
+def _comm_on_one_machine(args: argparse.Namespace) -> bool:
+    from ..scaling.projection import comm_on_one_machine
+
+    return args.comm is not None and comm_on_one_machine(json.loads(args.comm.read_text()))
 
 
 def _device(args: argparse.Namespace) -> str:
@@ -196,6 +207,7 @@ def _result(args, profile, shape, base, rows: List[dict], batch: int) -> dict:
             "links": {"intra": asdict(base.intra), "inter": asdict(base.inter),
                       "nics": base.nics},
             "overlap": base.overlap, "global_batch": None if args.weak else batch,
+            "one_machine": args.one_machine or _comm_on_one_machine(args),
             "weak_scaling": args.weak, "rows": rows, "verdict": verdict(rows)}
 
 

@@ -22,7 +22,8 @@ from ..core.errors import UsageError
 
 LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "lesson04",
                   "05": "lesson05", "06": "lesson06", "07": "lesson07", "08": "lesson08",
-                  "metrics": "metrics", "09": "lesson09", "10": "lesson10", "11": "lesson11"}
+                  "metrics": "metrics", "09": "lesson09", "10": "lesson10", "11": "lesson11",
+                  "12": "lesson12"}
 MARKER = re.compile(r"^#\s*exercise:\s*(\S+)\s*$")
 CORRECT, WRONG, ERROR = "correct", "wrong", "error"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 
 import psutil
@@ -32,10 +32,13 @@ class KillReport:
     survived: List[int]
     gpu_memory_freed_bytes: Optional[int]  # None: no GPU on this machine, nothing to free
     ports_freed: List[int]
+    hosts_removed: List[str] = field(default_factory=list)  # leftover host sets' ids
 
     def summary(self) -> str:
+        hosts = f"; removed host set(s) {', '.join(self.hosts_removed)}" \
+            if self.hosts_removed else ""
         if not self.ended and not self.survived:
-            return "no ghost to end"
+            return "no ghost to end" + hosts
         ports = ", ".join(map(str, self.ports_freed))
         gpu = ("" if self.gpu_memory_freed_bytes is None
                else f"{human_bytes(self.gpu_memory_freed_bytes)} of GPU memory and ")
@@ -43,14 +46,18 @@ class KillReport:
                 f"{'port(s) ' + ports if ports else 'no port'}")
         if self.survived:
             line += f"; still alive after SIGKILL: {', '.join(map(str, self.survived))}"
-        return line
+        return line + hosts
 
 
 def end_ghosts(ghosts: Iterable[Ghost], grace: float = DEFAULT_GRACE_S) -> KillReport:
     """End every killable ghost with its whole process tree: SIGTERM (and SIGCONT, so a
     stopped one can act on it), ``grace`` seconds, then SIGKILL. Sets ``ghost.ended``."""
     check_grace(grace)
-    targets = [g for g in ghosts if g.killable]
+    from .hosts import LEFTOVER_HOSTS, remove_leftover_hosts
+
+    ghosts = list(ghosts)
+    hosts_removed = remove_leftover_hosts(ghosts)  # their processes go with them
+    targets = [g for g in ghosts if g.killable and g.kind != LEFTOVER_HOSTS]
     procs = _kill_set(targets)
     listening = sorted({p for g in targets for p in g.ports})
     gpu_before = gpu_processes()
@@ -61,11 +68,14 @@ def end_ghosts(ghosts: Iterable[Ghost], grace: float = DEFAULT_GRACE_S) -> KillR
     ended = sorted(pid for pid in procs if pid not in alive)
     for ghost in targets:
         ghost.ended = ghost.pid not in alive
+    for ghost in ghosts:
+        if ghost.kind == LEFTOVER_HOSTS and ghost.killable:
+            ghost.ended = True
     from ..devices.environment import gpus
 
     freed = gpu_freed(gpu_before, ended, KILL_WAIT_S) if gpus() else None  # no GPU: say nothing of one
     return KillReport(ended, sorted(alive), freed,
-                      [port for port in listening if port_is_free(port)])
+                      [port for port in listening if port_is_free(port)], hosts_removed)
 
 
 def check_grace(grace: float) -> None:

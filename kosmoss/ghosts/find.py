@@ -84,7 +84,15 @@ def find_ghosts(port: Optional[int] = None, pids: Sequence[int] = ()) -> List[Gh
     for ghost in found.values():
         _fill(ghost, gpu)
         ghost.causes = _causes(ghost, members.get(ghost.pid))
-    return sorted(found.values(), key=lambda g: (g.run_id is None, g.run_id or "", g.pid))
+    found_hosts = [] if port is not None or named else _leftover_hosts()
+    return sorted(found.values(), key=lambda g: (g.run_id is None, g.run_id or "", g.pid)) + \
+        found_hosts
+
+
+def _leftover_hosts() -> List[Ghost]:
+    from .hosts import leftover_host_entries  # namespaces of host sets whose owner is gone
+
+    return [Ghost(**entry) for entry in leftover_host_entries()]
 
 
 def _classify(member: Member, now: float) -> Optional[Tuple[str, str]]:

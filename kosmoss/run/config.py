@@ -22,6 +22,7 @@ from ..scaling.arithmetic import LR_RULES
 from ..scaling.arithmetic import plan as plan_scaling
 
 PRECISIONS = ("32-true", "bf16-mixed")
+HOSTS = ("loopback", "netns")
 STRATEGIES = ENGINE_NAMES
 # Long enough for a slow first step on a loaded laptop, short enough for a course; NCCL's
 # own default is 10 minutes, gloo's 30.
@@ -58,6 +59,8 @@ class RunConfig:
     steps_per_execution: Optional[int] = None  # None: as many as the run allows (run.chunks)
     compile: bool = False  # torch.compile the network (inductor)
     cuda_graphs: bool = False  # each chunk's steps replayed from one CUDA graph (run.graphs)
+    hosts: str = "loopback"  # simulated nodes: over loopback, or netns (kosmoss.launch.hosts)
+    link_rate: Optional[str] = None  # with hosts netns: each host's link, e.g. 1gbit
     # The fields the user typed (flags given), so a resume keeps the stopped run's value for
     # the others; None: those that differ from the defaults (a call from code).
     given: Optional[FrozenSet[str]] = None
@@ -102,9 +105,30 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
                           "give a number of seconds > 0")
     if config.result_json is not None:
         _check_output(Path(config.result_json))
+    _one_of(config.hosts, HOSTS, "hosts")
+    if config.hosts == "netns" or config.link_rate is not None:
+        check_hosts(config.hosts, config.num_nodes, config.link_rate)
     if config.resume:
         run_folder(config.resume)
     return _warnings(config)
+
+
+def check_hosts(hosts: str, num_nodes: Optional[int], link_rate: Optional[str]) -> None:
+    """--hosts netns: two or more nodes, a rate that parses, root and namespaces here, a
+    socket interface that is the hosts' link, no host set left by another run."""
+    from ..launch import hosts as host_sets
+
+    if hosts != "netns":
+        raise ConfigError("link_rate", f"{{field}} {link_rate}: only with --hosts netns (over "
+                          "loopback there is no link to shape)")
+    if (num_nodes or 1) < 2:
+        raise ConfigError("hosts", "{field} netns: give --num-nodes 2 or more (each node is a "
+                          "host)")
+    host_sets.parse_rate(link_rate, "--link-rate")
+    host_sets.check_support("--hosts netns")
+    host_sets.check_count(num_nodes, "--num-nodes")
+    host_sets.check_socket_interfaces()
+    host_sets.check_no_leftovers()
 
 
 def check_home_writable() -> None:

@@ -12,7 +12,7 @@ from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.policy import MachineGpu
 from ..scaling.arithmetic import LR_RULES
-from .config import PRECISIONS, STRATEGIES, RunConfig, validate
+from .config import HOSTS, PRECISIONS, STRATEGIES, RunConfig, validate
 
 DEFAULTS = RunConfig()
 # Every field whose flag is not simply --field-with-dashes.
@@ -63,6 +63,12 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
             help="processes (ranks) per node; >1 runs DDP (default 1, or what torchrun says)")
     add("--num-nodes", type=int, default=None,
         help="nodes; without a cluster launcher they are simulated on this host")
+    add("--hosts", choices=HOSTS, default=Default(DEFAULTS.hosts),
+        help="simulated nodes: loopback (processes sharing 127.0.0.1) or netns (each node a "
+             "host in its own network namespace, as root; docs/hosts.md) (default %(default)s)")
+    add("--link-rate", default=None, metavar="RATE",
+        help="with --hosts netns: every host's link, e.g. 100mbit, 1gbit, 10gbit, none "
+             "(default none: unshaped)")
     add("--strategy", choices=STRATEGIES, default=Default(DEFAULTS.strategy),
         help="distributed engine: ddp (gloo on CPU, NCCL for one rank per GPU) or horovod "
              "(under horovodrun; see docs/horovod.md)")
@@ -152,7 +158,8 @@ def config_from_args(parsed: argparse.Namespace, *, machine: MachineGpu,
         progress=args.progress, resume=args.resume, precision=args.precision,
         strategy=args.strategy, collective_timeout_s=args.collective_timeout_s,
         steps_per_execution=args.steps_per_execution, compile=args.compile,
-        cuda_graphs=getattr(args, "cuda_graphs", False), gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
+        cuda_graphs=getattr(args, "cuda_graphs", False), hosts=args.hosts,
+        link_rate=args.link_rate, gpu_ids=gpu_ids, require_gpu=getattr(args, "require_gpu", False),
         machine_gpu=machine.setting, gpu_index=machine.index, use_gpu=use_gpu,
         given=given | ({"num_processes"} if "gpu_ids" in given else frozenset()),
     )

@@ -137,7 +137,8 @@ def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:
                           details=run_details(plan)) as membership:  # marks the nodes
         with _stopped_said(plan):
             failure = launch.simulate_nodes(plan.topology, {records.RUN_ID_ENV: plan.run_id},
-                                            echo)
+                                            echo, hosts=plan.config.hosts,
+                                            link_rate=plan.config.link_rate, run_id=plan.run_id)
         if failure is not None:
             why = _recorded_error(plan, failure.pid)
             raise RunFailed(f"{failure}{f' ({why})' if why else ''}; the other nodes were ended "

@@ -27,6 +27,7 @@ from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..engines import get as get_engine
 from ..engines.base import Engine
+from ..launch import records
 from ..launch.records import RUN_ID_ENV
 from ..launch.topology import Launcher, Topology
 from ..scaling.arithmetic import ScalingPlan
@@ -102,6 +103,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     engine.check_available()
     topology = launch.resolve(config.num_processes, config.num_nodes, engine)
     launch.check_master_port(topology)
+    _check_hosts_launch(config, topology)
     if point is not None and _starts_the_attempt(topology):
         point.check_can_continue(topology.world_size)
     machine = MachineGpu(config.machine_gpu, config.gpu_index)
@@ -141,7 +143,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         data_mode=data_mode,
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
-        notes=point.notes if point is not None else (),
+        notes=(point.notes if point is not None else ()) +
+        _elastic_notes(topology, run_dir, step, scaling),
         steps_per_execution=steps,
     )
 
@@ -261,7 +264,8 @@ def _identity(point: Optional[resume.ResumePoint], topology: Topology,
         return point.run_id, point.run_dir, point.checkpoint, point.step
     run_id = _run_id(topology, engine)
     run_dir = paths.runs_root() / run_id
-    checkpoint = _requeued_checkpoint(run_dir, topology)
+    checkpoint = _requeued_checkpoint(run_dir, topology) or _elastic_checkpoint(run_dir,
+                                                                                topology)
     return run_id, run_dir, checkpoint, (None if checkpoint is None
                                          else resume.checkpoint_step(checkpoint))
 
@@ -271,3 +275,43 @@ def _requeued_checkpoint(run_dir: Path, topology: Topology) -> Optional[Path]:
     (same job id, same run id)."""
     requeued = run_dir / "checkpoints" / PREEMPTED
     return requeued if topology.launcher is Launcher.SLURM and requeued.is_file() else None
+
+
+def _check_hosts_launch(config: RunConfig, topology: Topology) -> None:
+    """--hosts netns is for nodes kosmoss starts; another launcher's ranks are checked for
+    a socket interface that cannot reach MASTER_ADDR (kosmoss.launch.hosts)."""
+    from ..launch.hosts import check_rank_interface
+
+    if config.hosts == "netns" and topology.launcher.external:
+        raise ConfigError("hosts", f"{{field}} netns: {topology.launcher.value} placed the "
+                          "ranks already; drop it, and start the launcher inside the hosts "
+                          "(kosmoss hosts up prints the commands)")
+    if topology.launcher.external and topology.world_size > 1:
+        check_rank_interface()
+
+
+def _elastic_checkpoint(run_dir: Path, topology: Topology) -> Optional[Path]:
+    """torchrun restarted its workers (a host lost or back, --max-restarts): every attempt's
+    ranks share the run (--rdzv-id names it) and continue from its furthest checkpoint."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if topology.launcher is not Launcher.TORCHRUN or not elastic or elastic == "none":
+        return None
+    try:
+        return resume.readable_checkpoint(run_dir, None, run_dir.name)[0]
+    except ConfigError:  # none yet: the run's first attempt
+        return None
+
+
+def _elastic_notes(topology: Topology, run_dir: Path, step: Optional[int],
+                   scaling: ScalingPlan) -> Tuple[str, ...]:
+    """What an elastic restart keeps and what it cannot, said before training."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if topology.launcher is not Launcher.TORCHRUN or step is None:
+        return ()
+    before = (records.read_run(run_dir) or {}).get("world_size") or scaling.world_size
+    return (f"torchrun restart {restart}: run {run_dir.name} continues from its checkpoint at "
+            f"step {step} with {scaling.world_size} rank(s) (the attempt before had {before}); "
+            f"kept: the global batch {scaling.global_batch_size} and the learning rate; not "
+            f"kept: the per-device batch ({scaling.global_batch_size // before} before, "
+            f"{scaling.per_device_batch_size} now), the steps trained after that checkpoint "
+            "(trained again), the samples/s",)

@@ -303,14 +303,17 @@ def sensitivity(profile: StepProfile, shape: ModelShape, cluster: Cluster,
 
 def grid(profile: StepProfile, shape: ModelShape, base: Cluster, per_node: Sequence[int],
          nodes: Sequence[int], global_batch: int, cores_per_node: Optional[float] = None,
-         weak: bool = False) -> List[dict]:
+         weak: bool = False, one_machine: bool = False) -> List[dict]:
     """One prediction per N × M (sorted by world size), with its dominant assumption.
     ``cores_per_node``: CPU ranks share them (the share of each is cores ÷ N); ``weak``:
-    the per-device batch stays the reference's instead of the global batch."""
+    the per-device batch stays the reference's instead of the global batch;
+    ``one_machine``: every node runs on the same machine (hosts in network namespaces,
+    simulated nodes), so all N × M ranks share its cores."""
     rows = []
     for m in nodes:
         for n in per_node:
-            share = cores_per_node / n if cores_per_node else base.share
+            sharing = n * m if one_machine else n
+            share = cores_per_node / sharing if cores_per_node else base.share
             cluster = replace(base, per_node=n, nodes=m, share=share,
                               single_share=cores_per_node or base.single_share)
             batch = profile.batch * n * m if weak else global_batch
@@ -340,6 +343,11 @@ def _config(row: dict) -> str:
 
 
 # --- where the reference step comes from -------------------------------------------------
+
+def comm_on_one_machine(comm: dict) -> bool:
+    """A kosmoss comm measured across hosts in network namespaces: one machine's cores."""
+    return bool((comm.get("plan") or {}).get("host_namespaces"))
+
 
 def links_from_comm(comm: dict, flag: str = "--comm") -> Tuple[Link, Optional[Link]]:
     """(intra-node link, inter-node link or None) from ``kosmoss comm``'s JSON."""

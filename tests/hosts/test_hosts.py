@@ -1,0 +1,250 @@
+"""Hosts in network namespaces: made and removed fast, isolated from the machine, shaped,
+and never left behind (exit, Ctrl-C, SIGTERM; after a SIGKILL, `kosmoss ghosts --kill`)."""
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import REPO
+from host_helpers import in_host, namespaces_of, needs_hosts, remove_set
+from kosmoss.core.errors import UsageError
+from kosmoss.launch import hosts
+
+
+# --- the rate and the subnet, without a namespace ------------------------------------
+
+@given(st.floats(min_value=1, max_value=400_000), st.sampled_from(["mbit", "gbit"]))
+def test_a_rate_reads_back_as_its_bits_per_second(value, unit):
+    text = f"{value:g}{unit}"
+    rate = hosts.parse_rate(text, "--link-rate")
+    assert rate == pytest.approx(float(f"{value:g}") * hosts.RATE_UNITS[unit])
+    assert hosts.parse_rate(hosts.rate_name(rate), "--link-rate") == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("text", ["fast", "1", "1 gigabit", "-1gbit", "0mbit", "1e3mbit",
+                                  "999kbit", "gbit", ""])
+def test_a_rate_that_does_not_parse_names_the_flag(text):
+    with pytest.raises(UsageError, match=r"^--link-rate .*(link rate|1mbit or more)"):
+        hosts.parse_rate(text, "--link-rate")
+
+
+@pytest.mark.parametrize("text", [None, "none", "NONE", " unshaped "])
+def test_none_is_an_unshaped_link(text):
+    assert hosts.parse_rate(text, "--link-rate") is None
+    assert hosts.rate_name(None) == "unshaped"
+
+
+networks = st.builds(lambda a, prefix: ipaddress.ip_network(f"{a}/{prefix}", strict=False),
+                     st.ip_addresses(v=4), st.integers(min_value=8, max_value=32))
+
+
+@settings(deadline=None)
+@given(st.lists(networks, max_size=20))
+def test_the_chosen_subnet_overlaps_no_route(taken):
+    space = hosts.SUBNET_SPACE
+    if any(space.subnet_of(n) for n in taken if n.version == 4):
+        with pytest.raises(UsageError, match="every /24 of 10.0.0.0/8 overlaps"):
+            hosts.choose_subnet(taken)
+        return
+    chosen = hosts.choose_subnet(taken)
+    assert chosen.prefixlen == 24 and chosen.subnet_of(hosts.SUBNET_SPACE)
+    assert not any(chosen.overlaps(other) for other in taken)
+
+
+def test_a_machine_that_routes_all_of_10_slash_8_is_told_so():
+    with pytest.raises(UsageError, match="every /24 of 10.0.0.0/8 overlaps"):
+        hosts.choose_subnet([ipaddress.ip_network("10.0.0.0/8")])
+    # One /24 left, far from where the search starts: found.
+    left = ipaddress.ip_network("10.1.2.0/24")
+    taken = [n for n in ipaddress.ip_network("10.0.0.0/8").subnets(new_prefix=16)
+             if not left.subnet_of(n)] + [n for n in ipaddress.ip_network("10.1.0.0/16").subnets(
+                 new_prefix=24) if n != left]
+    assert hosts.choose_subnet(taken) == left
+
+
+def test_more_hosts_than_the_subnet_or_the_cores_allow():
+    with pytest.raises(UsageError, match="--num-nodes 254: a host set's /24 subnet holds 253"):
+        hosts.check_count(254, "--num-nodes", cores=1000)
+    with pytest.raises(UsageError, match="--num-nodes 9: 9 hosts on 2 core"):
+        hosts.check_count(9, "--num-nodes", cores=2)
+    hosts.check_count(8, "--num-nodes", cores=2)  # the limit itself is allowed
+
+
+def test_no_root_is_one_line_naming_the_flag(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UsageError, match=r"^--hosts netns: making network namespaces needs root"):
+        hosts.check_support("--hosts netns")
+    assert "needs root" in hosts.support_missing()
+
+
+@pytest.mark.parametrize("wanted, said", [
+    ("lo", "every host would use lo (127.0.0.1, its own loopback)"),
+    ("eth9", "every host would look for eth9 and has none (only lo, kosmoss0)"),
+])
+def test_a_socket_interface_that_is_not_the_hosts_link(wanted, said):
+    for variable in hosts.SOCKET_VARIABLES:
+        with pytest.raises(UsageError) as caught:
+            hosts.check_socket_interfaces({variable: wanted})
+        assert str(caught.value).startswith(f"{variable}={wanted}: {said}")
+        assert str(caught.value).endswith(f"set {variable}=kosmoss0")
+    hosts.check_socket_interfaces({"GLOO_SOCKET_IFNAME": "kosmoss0"})
+    hosts.check_socket_interfaces({})
+
+
+def test_a_rank_whose_interface_cannot_reach_master_addr(monkeypatch):
+    monkeypatch.setattr(hosts, "interface_addresses",
+                        lambda namespace=None: {"lo": ["127.0.0.1"], "eth0": ["10.9.0.2"]})
+    monkeypatch.setattr(hosts, "_route_to", lambda address: "eth0")
+    with pytest.raises(UsageError, match=r"^GLOO_SOCKET_IFNAME=lo: a loopback interface "
+                                         r"\(127.0.0.1\) cannot reach MASTER_ADDR 10.9.0.1; "
+                                         "set it to eth0"):
+        hosts.check_rank_interface({"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "10.9.0.1"})
+    with pytest.raises(UsageError, match="NCCL_SOCKET_IFNAME=ib0: this host has no such "
+                                         r"interface \(eth0, lo\); set it to eth0"):
+        hosts.check_rank_interface({"NCCL_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "10.9.0.1"})
+    # Loopback is right when the master is this host; NCCL's own lists are NCCL's.
+    hosts.check_rank_interface({"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
+    hosts.check_rank_interface({"NCCL_SOCKET_IFNAME": "^docker,lo", "MASTER_ADDR": "10.9.0.1"})
+    hosts.check_rank_interface({"GLOO_SOCKET_IFNAME": "eth0", "MASTER_ADDR": "10.9.0.1"})
+
+
+# --- real namespaces ---------------------------------------------------------------------
+
+@needs_hosts
+def test_two_hosts_are_made_and_removed_within_a_second(made_hosts):
+    start = time.perf_counter()
+    made = made_hosts(2, hosts.parse_rate("1gbit", "--link-rate"))
+    hosts.remove_hosts(made)
+    took = time.perf_counter() - start
+    assert not namespaces_of(made.set_id)
+    assert not (hosts.STATE_DIR / f"{made.set_id}.json").exists()
+    assert took < 1.0, f"making and removing 2 hosts took {took:.2f} s"
+
+
+@needs_hosts
+def test_each_host_has_its_own_address_and_a_shaped_link_and_no_way_out(made_hosts):
+    made = made_hosts(3, 100e6)
+    subnet = ipaddress.ip_network(made.subnet)
+    assert not any(subnet.overlaps(n) for n in hosts.taken_networks()
+                   if n != subnet)  # the machine's own routes are untouched by it
+    assert made.master_addr == made.hosts[0].address
+    for host in made.hosts:
+        assert hosts.interface_addresses(host.namespace) == {"lo": ["127.0.0.1"],
+                                                             "kosmoss0": [host.address]}
+        assert "tbf" in in_host(host.namespace, "tc", "qdisc", "show", "dev", "kosmoss0")
+        assert "rate 100Mbit" in in_host(host.namespace, "tc", "qdisc", "show")
+        routes = json.loads(in_host(host.namespace, "ip", "-j", "route"))
+        assert [r["dst"] for r in routes] == [made.subnet]  # no default route: nothing leaves
+        # The host's name and every other host's resolve inside it, without DNS.
+        found = ipaddress.ip_address(in_host(host.namespace, "getent", "hosts", "h2").split()[0])
+        # glibc may answer in IPv4-mapped IPv6 (::ffff:a.b.c.d): the same address.
+        found = getattr(found, "ipv4_mapped", None) or found
+        assert str(found) == made.hosts[2].address
+    # Nothing of the set is in the machine's own namespace.
+    own = {link["ifname"] for link in hosts._json(["link"])}
+    assert not own & {"br0", "kosmoss0", "p0", "p1", "p2"}
+
+
+@needs_hosts
+def test_the_hosts_reach_each_other_over_the_bridge(made_hosts):
+    made = made_hosts(2)
+    server = subprocess.Popen(made.hosts[1].command(
+        [sys.executable, "-c", "import socket; s = socket.create_server(('', 5201)); "
+         "c, a = s.accept(); c.sendall(a[0].encode())"]), stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    client = subprocess.run(made.hosts[0].command(
+        [sys.executable, "-c", f"import socket; print(socket.create_connection(("
+                               f"'{made.hosts[1].address}', 5201), timeout=10).recv(64).decode())"]),
+        capture_output=True, text=True, timeout=30)
+    server.wait(timeout=10)
+    assert client.stdout.strip() == made.hosts[0].address  # the server saw host 0's address
+
+
+@needs_hosts
+def test_a_leftover_set_of_another_run_is_refused_then_found_and_removed_by_ghosts(tmp_path):
+    code = ("from kosmoss.launch import hosts; import time\n"
+            "with hosts.host_set(2, 1e9, purpose='run leftover-test') as made:\n"
+            "    print(made.set_id, flush=True); time.sleep(300)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             cwd=REPO)
+    set_id = owner.stdout.readline().strip()
+    try:
+        os.kill(owner.pid, signal.SIGKILL)  # nothing of the owner's runs: the set stays
+        owner.wait()
+        assert len(namespaces_of(set_id)) == 3
+        with pytest.raises(UsageError, match=rf"--hosts netns: host set {set_id} was left by "
+                                             r"another run \(its owner \(run leftover-test"):
+            hosts.make_hosts(2, None, purpose="test", owner=None)
+        env = {**os.environ, "KOSMOSS_HOME": str(tmp_path)}
+        listed = json.loads(subprocess.run([sys.executable, "-m", "kosmoss", "ghosts", "--json"],
+                                           capture_output=True, text=True, env=env).stdout)
+        mine = [g for g in listed if g["kind"] == "hosts-left" and set_id in g["reason"]]
+        assert len(mine) == 1 and mine[0]["pid"] is None
+        assert mine[0]["run_id"] == "leftover-test" and mine[0]["killable"]
+        killed = subprocess.run([sys.executable, "-m", "kosmoss", "ghosts", "--kill"],
+                                capture_output=True, text=True, env=env)
+        assert killed.returncode == 0, killed.stderr
+        assert f"removed host set(s) {set_id}" in killed.stdout
+        assert not namespaces_of(set_id)
+        assert not (hosts.STATE_DIR / f"{set_id}.json").exists()
+    finally:
+        remove_set(set_id)
+
+
+@needs_hosts
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_owner_removes_its_hosts_and_what_runs_in_them(sig):
+    code = ("import subprocess, sys, time\nfrom kosmoss.launch import hosts\n"
+            "with hosts.host_set(2, None, purpose='run stop-test') as made:\n"
+            "    sleeper = subprocess.Popen(made.hosts[1].command(['sleep', '300']))\n"
+            "    print(made.set_id, sleeper.pid, flush=True); time.sleep(300)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO)
+    set_id, sleeper = owner.stdout.readline().split()
+    try:
+        assert len(namespaces_of(set_id)) == 3
+        os.kill(owner.pid, sig)
+        owner.wait(timeout=30)
+        assert not namespaces_of(set_id)
+        assert not os.path.exists(f"/proc/{sleeper}")  # killed with its host
+    finally:
+        remove_set(set_id)
+
+
+@needs_hosts
+def test_the_hosts_command_up_exec_status_down(tmp_path):
+    env = {**os.environ, "KOSMOSS_HOME": str(tmp_path)}
+
+    def kosmoss(*args):
+        return subprocess.run([sys.executable, "-m", "kosmoss", "hosts", *args],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    up = kosmoss("up", "--count", "2", "--link-rate", "1gbit", "--json")
+    made = json.loads(up.stdout)
+    try:
+        assert made["rate"] == "1gbit" and len(made["hosts"]) == 2
+        assert made["torchrun"][1].startswith(f"ip netns exec {made['hosts'][1]['namespace']} "
+                                              "env GLOO_SOCKET_IFNAME=kosmoss0")
+        assert "--node-rank 1 --rdzv-backend c10d --rdzv-endpoint " \
+               f"{made['hosts'][0]['address']}:29400" in made["torchrun"][1]
+        shown = kosmoss("exec", "--set", made["set_id"], "1", "--", "sh", "-c",
+                        "echo $GLOO_SOCKET_IFNAME $MASTER_ADDR; ip -br -4 addr show kosmoss0")
+        assert shown.stdout.split()[:2] == ["kosmoss0", made["hosts"][0]["address"]]
+        assert f"{made['hosts'][1]['address']}/24" in shown.stdout
+        assert made["set_id"] in kosmoss("status").stdout
+        assert kosmoss("exec", "--set", made["set_id"], "5", "--", "true").returncode == 2
+        assert kosmoss("up", "--count", "0").returncode == 2
+        bad = kosmoss("up", "--link-rate", "fast")
+        assert (bad.returncode, bad.stderr.count("\n")) == (2, 1)
+        down = kosmoss("down", made["set_id"])
+        assert down.returncode == 0 and not namespaces_of(made["set_id"])
+        assert kosmoss("down", "nosuchset").returncode == 2
+    finally:
+        remove_set(made["set_id"])
