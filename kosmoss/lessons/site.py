@@ -283,20 +283,19 @@ def as_published(notebook):
 
 def lesson_title(notebook) -> Optional[str]:
     """"Lesson 4 — Scaling the learning rate": the first heading of the first Markdown cell."""
-    for cell in notebook.cells:
-        if cell.cell_type == "markdown":
-            heading = re.search(r"(?m)^#\s+(.+)$", cell.source)
-            return heading.group(1).strip() if heading else None
-    return None
+    return _in_opening(notebook, r"(?m)^#\s+(.+)$", group=1)
 
 
 def lesson_time(notebook) -> Optional[str]:
     """The lesson's own "Time: ~N min; ..." line."""
-    for cell in notebook.cells:
-        if cell.cell_type == "markdown":
-            found = re.search(r"(?m)^Time: .+$", cell.source)
-            return found.group(0).strip() if found else None
-    return None
+    return _in_opening(notebook, r"(?m)^Time: .+$")
+
+
+def _in_opening(notebook, pattern: str, group: int = 0) -> Optional[str]:
+    """What ``pattern`` finds in the lesson's first Markdown cell, or None."""
+    opening = next((cell for cell in notebook.cells if cell.cell_type == "markdown"), None)
+    found = re.search(pattern, opening.source) if opening is not None else None
+    return found.group(group).strip() if found else None
 
 
 def _nav(to_root: str, links: Iterable[tuple] = ()) -> str:
