@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -313,3 +314,40 @@ def test_hosts_up_slurm_without_slurm_is_one_line_and_makes_nothing(tmp_path):
     assert (proc.returncode, proc.stderr.count("\n")) == (2, 1), proc.stderr
     assert "--slurm: slurmctld, slurmd, sbatch, munged, unshare, nsenter not found" in proc.stderr
     assert hosts.existing_namespaces() == before
+
+
+SLURM_MISSING = host_slurm.slurm_missing()
+
+
+@pytest.mark.skipif(SLURM_MISSING is not None, reason=f"Slurm across hosts: {SLURM_MISSING}")
+@pytest.mark.parametrize("count", [3, 4])
+def test_slurm_on_hosts_runs_a_task_on_each_node_and_goes_with_them(tmp_path, count):
+    """One srun task per node, each on its own host (its hostname, its address); `hosts
+    down` ends every daemon and removes the cluster's folder."""
+    env = {**os.environ, "KOSMOSS_HOME": str(tmp_path)}
+
+    def kosmoss(*args):
+        return subprocess.run([sys.executable, "-m", "kosmoss", "hosts", *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    up = kosmoss("up", "--count", str(count), "--slurm", "--json")
+    assert up.returncode == 0, up.stderr
+    made = json.loads(up.stdout)
+    folder = host_slurm.slurm_folder(made["set_id"])
+    try:
+        assert f"sbatch -N {count} --ntasks-per-node 1 slurm/submit.sbatch" in made["sbatch"]
+        shown = kosmoss("exec", "--set", made["set_id"], "0", "--", "srun", "-N", str(count),
+                        "--ntasks-per-node", "1", "sh", "-c",
+                        "echo $(hostname) $(ip -br -4 addr show kosmoss0 | awk '{print $3}')")
+        assert shown.returncode == 0, shown.stderr
+        assert sorted(shown.stdout.split("\n")[:-1]) == [
+            f"h{h['index']} {h['address']}/24" for h in made["hosts"]]
+        daemons = [p.pid for p in psutil.process_iter(["cmdline"])
+                   if str(folder) in " ".join(p.info["cmdline"] or [])]
+        assert len(daemons) == 1 + count  # slurmctld and a slurmd per host
+        assert kosmoss("down", made["set_id"]).returncode == 0
+        assert not [pid for pid in daemons if psutil.pid_exists(pid) and
+                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not folder.exists()
+    finally:
+        remove_set(made["set_id"])
