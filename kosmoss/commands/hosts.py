@@ -2,6 +2,7 @@
 namespaces, joined by a bridge, each link shaped to a set rate (docs/hosts.md).
 
     kosmoss hosts up --count 2 --link-rate 1gbit   # prints each host's torchrun command
+    kosmoss hosts up --count 2 --slurm             # and Slurm on them: prints the sbatch line
     kosmoss hosts exec 0 -- python -c "import socket; print(socket.gethostname())"
     kosmoss hosts status                           # the sets, their hosts, leftovers
     kosmoss hosts down                             # remove the set (--all: every one)
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--count", type=int, default=2, metavar="K", help="hosts (default 2)")
     up.add_argument("--link-rate", default="none", metavar="RATE",
                     help="each host's link: 100mbit, 1gbit, 10gbit, none (default none)")
+    up.add_argument("--slurm", action="store_true",
+                    help="start Slurm on the hosts (slurmctld on h0, a slurmd each) and print "
+                         "the sbatch line")
     up.add_argument("--json", action="store_true", help="print the set as JSON")
     run = actions.add_parser("exec", help="run a command in one host (its interface set)")
     run.add_argument("host", type=int, help="the host's index (0 is MASTER_ADDR)")
@@ -61,9 +65,13 @@ def _up(args: argparse.Namespace) -> None:
     hosts.check_support("kosmoss hosts up")
     hosts.check_count(args.count, "--count")
     rate = hosts.parse_rate(args.link_rate, "--link-rate")
+    if args.slurm:
+        _check_slurm()
     made = hosts.make_hosts(args.count, rate, purpose="kosmoss hosts up", owner=None)
+    sbatch = _start_slurm(made) if args.slurm else None
     if args.json:
-        print(json.dumps({**made.as_dict(), "torchrun": torchrun_commands(made)}, indent=2))
+        print(json.dumps({**made.as_dict(), "torchrun": torchrun_commands(made),
+                          **({"sbatch": sbatch} if sbatch else {})}, indent=2))
         return
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"host set {made.set_id}: {made.describe()}", markup=False)
@@ -71,6 +79,9 @@ def _up(args: argparse.Namespace) -> None:
                   markup=False)
     for line in torchrun_commands(made):
         console.print(f"  {line}", markup=False)
+    if sbatch:
+        console.print(f"Slurm (slurmctld on h0, one slurmd per host, hostnames h0..h"
+                      f"{len(made.hosts) - 1}):\n  {sbatch}", markup=False)
     console.print(f"remove it: kosmoss hosts down {made.set_id}", markup=False)
 
 
@@ -90,6 +101,26 @@ def torchrun_commands(made, script: str = "trainup_cpu.py") -> List[str]:
     return lines
 
 
+def _check_slurm() -> None:
+    from ..launch.host_slurm import slurm_missing
+
+    missing = slurm_missing()
+    if missing:
+        raise UsageError(f"--slurm: {missing}")
+
+
+def _start_slurm(made) -> str:
+    """Slurm on the set, or the set removed again: nothing half made is left."""
+    from ..launch import host_slurm, hosts
+
+    try:
+        cluster = host_slurm.start_slurm(made)
+    except BaseException:
+        hosts.remove_hosts(made)
+        raise
+    return shlex.join(cluster.sbatch_command(["slurm/submit.sbatch"]))
+
+
 def _chosen(set_id, flag: str):
     from ..launch import hosts
 
@@ -107,6 +138,8 @@ def _chosen(set_id, flag: str):
 
 
 def _exec(args: argparse.Namespace) -> None:
+    from ..launch.host_slurm import slurm_folder
+
     made = _chosen(args.set_id, "--set")
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -115,7 +148,9 @@ def _exec(args: argparse.Namespace) -> None:
         raise UsageError(f"host {args.host}: set {made.set_id} has hosts 0.."
                          f"{len(made.hosts) - 1}")
     host = made.hosts[args.host]
-    command = host.command(argv, {**host.socket_env, "MASTER_ADDR": made.master_addr})
+    conf = slurm_folder(made.set_id) / "slurm.conf"
+    slurm = {"SLURM_CONF": str(conf)} if conf.is_file() else {}  # squeue, sbatch, ... work
+    command = host.command(argv, {**host.socket_env, "MASTER_ADDR": made.master_addr, **slurm})
     sys.stdout.flush()
     os.execvp(command[0], command)
 

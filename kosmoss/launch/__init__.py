@@ -18,7 +18,9 @@ what they lack: the number of nodes, and the simulated nodes.
 Modules: :mod:`.topology` (who started us, and the world it makes), :mod:`.nodes` (simulated
 nodes on this host), :mod:`.lifetime` (nothing outlives its launcher), :mod:`.ports`
 (MASTER_PORT: free, busy, held by whom), :mod:`.spawn` (ranks that measure something),
-:mod:`.records` (which processes belong to which run, for ``kosmoss ghosts``).
+:mod:`.records` (which processes belong to which run, for ``kosmoss ghosts``), :mod:`.hosts`
+(simulated nodes as hosts in network namespaces), :mod:`.host_slurm` (Slurm across them),
+:mod:`.host_faults` (a host lost under elastic torchrun).
 """
 from .lifetime import (SPAWNER_ENV, die_with, die_with_spawner, end_groups, local_ranks_die_with_me,
                        started_by_kosmoss)

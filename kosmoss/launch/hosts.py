@@ -326,6 +326,7 @@ def remove_namespaces(names: Sequence[str], record: Optional[Path] = None) -> Li
     if record is not None:
         with contextlib.suppress(FileNotFoundError):
             record.unlink()
+        shutil.rmtree(record.with_suffix(".slurm"), ignore_errors=True)  # host_slurm.py
     return present
 
 

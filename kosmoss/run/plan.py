@@ -309,7 +309,9 @@ def _elastic_notes(topology: Topology, run_dir: Path, step: Optional[int],
     if topology.launcher is not Launcher.TORCHRUN or step is None:
         return ()
     before = (records.read_run(run_dir) or {}).get("world_size") or scaling.world_size
-    return (f"torchrun restart {restart}: run {run_dir.name} continues from its checkpoint at "
+    # A host joining restarts the workers too, without counting against --max-restarts.
+    return (f"torchrun restarted the workers ({restart} restart(s) counted against "
+            f"--max-restarts): run {run_dir.name} continues from its checkpoint at "
             f"step {step} with {scaling.world_size} rank(s) (the attempt before had {before}); "
             f"kept: the global batch {scaling.global_batch_size} and the learning rate; not "
             f"kept: the per-device batch ({scaling.global_batch_size // before} before, "

@@ -3,11 +3,13 @@ and never left behind (exit, Ctrl-C, SIGTERM; after a SIGKILL, `kosmoss ghosts -
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from helpers import REPO
 from host_helpers import in_host, namespaces_of, needs_hosts, remove_set
 from kosmoss.core.errors import UsageError
-from kosmoss.launch import hosts
+from kosmoss.launch import host_slurm, hosts
 
 
 # --- the rate and the subnet, without a namespace ------------------------------------
@@ -160,8 +162,9 @@ def test_the_hosts_reach_each_other_over_the_bridge(made_hosts):
          "c, a = s.accept(); c.sendall(a[0].encode())"]), stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     client = subprocess.run(made.hosts[0].command(
-        [sys.executable, "-c", f"import socket; print(socket.create_connection(("
-                               f"'{made.hosts[1].address}', 5201), timeout=10).recv(64).decode())"]),
+        [sys.executable, "-c", "import socket; print(socket.create_connection(("
+                               f"'{made.hosts[1].address}', 5201), timeout=10)"
+                               ".recv(64).decode())"]),
         capture_output=True, text=True, timeout=30)
     server.wait(timeout=10)
     assert client.stdout.strip() == made.hosts[0].address  # the server saw host 0's address
@@ -246,5 +249,105 @@ def test_the_hosts_command_up_exec_status_down(tmp_path):
         down = kosmoss("down", made["set_id"])
         assert down.returncode == 0 and not namespaces_of(made["set_id"])
         assert kosmoss("down", "nosuchset").returncode == 2
+    finally:
+        remove_set(made["set_id"])
+
+
+# --- Slurm on the hosts: its configuration, and no Slurm ----------------------------
+
+def _a_set(count, set_id="cafe0001"):
+    addresses = [f"10.213.7.{i + 1}" for i in range(count)]
+    made = tuple(hosts.Host(i, f"{hosts.PREFIX}{set_id}-h{i}", address)
+                 for i, address in enumerate(addresses))
+    return hosts.HostSet(set_id, made, "10.213.7.0/24", None, "test", None, 0.0)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_slurm_conf_names_every_host_as_a_node_at_its_address(tmp_path, count):
+    conf = host_slurm.conf_text(_a_set(count), tmp_path, cores=2)
+    settings_ = dict(line.split("=", 1) for line in conf.splitlines()
+                     if "=" in line and not line.startswith(("NodeName", "PartitionName")))
+    nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert settings_["SlurmctldHost"] == "h0(10.213.7.1)"
+    assert nodes == [f"NodeName=h{i} NodeAddr=10.213.7.{i + 1} CPUs=2 State=UNKNOWN"
+                     for i in range(count)]
+    names = ",".join(f"h{i}" for i in range(count))
+    assert f"PartitionName=hosts Nodes={names} Default=YES" in conf
+    # every slurmd has its own spool, pid file and log: they share one file system
+    assert {settings_[key].endswith("%n") or "-%n." in settings_[key]
+            for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile")} == {True}
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_each_cluster_numbers_its_jobs_from_its_own_start(set_id):
+    first = host_slurm.first_job_id(set_id)
+    assert 1000 <= first < 67_043_328 - 1_000_000  # Slurm's MaxJobId, with room for jobs
+    assert first == host_slurm.first_job_id(set_id)
+
+
+def test_two_clusters_start_their_job_ids_apart():
+    firsts = {host_slurm.first_job_id(f"{4_000_000_000 - 7919 * i:08x}") for i in range(200)}
+    assert len(firsts) == 200  # a new cluster's job does not land in an old run's folder
+
+
+def test_a_node_runs_in_its_hosts_network_with_its_own_hostname_and_hosts_file():
+    host = _a_set(2).hosts[1]
+    argv = host_slurm.node_command(host, ["slurmd", "-f", "/x/slurm.conf"])
+    assert argv[:5] == ["unshare", "--mount", "--uts", "--propagation", "private"]
+    assert f"--net={hosts.NETNS_DIR / host.namespace}" in argv
+    assert argv[-3:] == ["slurmd", "-f", "/x/slurm.conf"]
+    script = argv[argv.index("-c") + 1]
+    assert f"/etc/netns/{host.namespace}/hosts /etc/hosts" in script
+    assert "hostname h1 " in script and script.endswith('exec "$@"')
+
+
+@needs_hosts
+def test_hosts_up_slurm_without_slurm_is_one_line_and_makes_nothing(tmp_path):
+    tools = tmp_path / "bin"  # iproute2, no Slurm
+    tools.mkdir()
+    for tool in ("ip", "tc"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    before = hosts.existing_namespaces()
+    proc = subprocess.run([sys.executable, "-m", "kosmoss", "hosts", "up", "--slurm"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": str(tools), "KOSMOSS_HOME": str(tmp_path)})
+    assert (proc.returncode, proc.stderr.count("\n")) == (2, 1), proc.stderr
+    assert "--slurm: slurmctld, slurmd, sbatch, munged, unshare, nsenter not found" in proc.stderr
+    assert hosts.existing_namespaces() == before
+
+
+SLURM_MISSING = host_slurm.slurm_missing()
+
+
+@pytest.mark.skipif(SLURM_MISSING is not None, reason=f"Slurm across hosts: {SLURM_MISSING}")
+@pytest.mark.parametrize("count", [3, 4])
+def test_slurm_on_hosts_runs_a_task_on_each_node_and_goes_with_them(tmp_path, count):
+    """One srun task per node, each on its own host (its hostname, its address); `hosts
+    down` ends every daemon and removes the cluster's folder."""
+    env = {**os.environ, "KOSMOSS_HOME": str(tmp_path)}
+
+    def kosmoss(*args):
+        return subprocess.run([sys.executable, "-m", "kosmoss", "hosts", *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    up = kosmoss("up", "--count", str(count), "--slurm", "--json")
+    assert up.returncode == 0, up.stderr
+    made = json.loads(up.stdout)
+    folder = host_slurm.slurm_folder(made["set_id"])
+    try:
+        assert f"sbatch -N {count} --ntasks-per-node 1 slurm/submit.sbatch" in made["sbatch"]
+        shown = kosmoss("exec", "--set", made["set_id"], "0", "--", "srun", "-N", str(count),
+                        "--ntasks-per-node", "1", "sh", "-c",
+                        "echo $(hostname) $(ip -br -4 addr show kosmoss0 | awk '{print $3}')")
+        assert shown.returncode == 0, shown.stderr
+        assert sorted(shown.stdout.split("\n")[:-1]) == [
+            f"h{h['index']} {h['address']}/24" for h in made["hosts"]]
+        daemons = [p.pid for p in psutil.process_iter(["cmdline"])
+                   if str(folder) in " ".join(p.info["cmdline"] or [])]
+        assert len(daemons) == 1 + count  # slurmctld and a slurmd per host
+        assert kosmoss("down", made["set_id"]).returncode == 0
+        assert not [pid for pid in daemons if psutil.pid_exists(pid) and
+                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not folder.exists()
     finally:
         remove_set(made["set_id"])
