@@ -262,14 +262,15 @@ def cell_filename(exercise: Exercise) -> str:
 def run_cell(exercise: Exercise, source: str) -> Dict[str, Any]:
     """Execute a cell alone in a fresh namespace; raises LearnerRaised if it raises or
     does not define what the exercise asks for."""
-    namespace = seeded_namespace()
+    namespace, filename = seeded_namespace(), cell_filename(exercise)
     try:
+        code = compile(source, filename, "exec")
         with tripwire() as hits:
-            exec(compile(source, cell_filename(exercise), "exec"), namespace)
+            exec(code, namespace)
     except NotImplementedError:
         raise NotAnswered("not answered yet: your cell raises NotImplementedError") from None
     except (Exception, SystemExit) as err:
-        raise LearnerRaised(describe_error(err, cell_filename(exercise))) from None
+        raise LearnerRaised(describe_error(err, filename), err) from None
     raise_if_hit(hits)
     missing = [name for name in exercise.names if not callable(namespace.get(name))]
     if missing:
