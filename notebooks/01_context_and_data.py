@@ -343,7 +343,7 @@ print(f"device: {device}; buffers on {model.x_mean.device}; predicted fluxes {tu
 # `levels + 1` half levels and `levels - 1` interfaces), with the blocks of the
 # `3dcorrection` schema printed in this lesson. The checker compares with
 # `kosmoss.data.schema.ColumnSchema(levels)` for several level counts, the IFS's `137`
-# among them.
+# among them, and the smallest the schema allows, `2`. Counts are integers.
 
 # %%
 # exercise: 01.feature_counts
@@ -357,13 +357,15 @@ from kosmoss.exercises import check; check("01.feature_counts", globals())
 # %% [markdown]
 # **Standardise each input feature, keeping tiny-valued but varying features.**
 #
-# Write `normalise(x)`: `x` is a float tensor of shape (samples, features); return a tensor
-# of the same shape where each feature (column) is centred by its mean and divided by its
-# standard deviation over the samples. A feature is *constant* only when its standard
-# deviation is at most `1e-6` times its mean absolute value (exactly zero included):
-# constant features become `0`, never NaN. Mixing ratios of trace gases are around 1e-10
-# and vary by a fraction of a percent: they are not constant. The checker feeds a batch
-# with features of every kind and compares feature by feature.
+# Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a
+# tensor of the same shape where each feature (column) is centred by its mean and divided
+# by its standard deviation over the samples (either convention, over `n` or `n - 1`). A
+# feature is *constant* when its standard deviation is at most `1e-6` times its mean
+# absolute value (exactly zero included): constant features become exactly `0`, never
+# NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
+# percent: they are not constant. A surface pressure whose samples differ by one float32
+# step is constant. The checker feeds a float32 batch with features of every kind,
+# negative ones included, and compares feature by feature.
 
 # %%
 # exercise: 01.normalise

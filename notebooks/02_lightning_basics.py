@@ -290,9 +290,10 @@ print(f"trained {quick.global_step} steps on {quick.strategy.root_device}")
 #
 # Write `predict_wm2(checkpoint_path, x)`: load the `LitMLP` saved at `checkpoint_path`
 # (no dataset, no statistics at hand: they are in the checkpoint's buffers) and return its
-# prediction for the columns `x` (a float tensor, one flattened column per row) in W m-2,
+# prediction for the columns `x` (a float32 tensor, one flattened column per row; a batch
+# may hold a single column) as a tensor in W m-2, of shape (columns, targets), computed
 # without tracking gradients. The checker saves a small model with known statistics and
-# compares your fluxes with the model's.
+# compares your fluxes with the model's, to float32 rounding.
 
 # %%
 # exercise: 02.predict_wm2
@@ -311,11 +312,12 @@ from kosmoss.exercises import check; check("02.predict_wm2", globals())
 # **Say how many optimizer steps `trainer.fit` takes.**
 #
 # Write `optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1)`: the
-# `trainer.global_step` after `fit` on one process, with `n_train` training columns in
-# batches of `batch_size` (the last batch of an epoch may be smaller; none is dropped),
-# `epochs` epochs, and one optimizer step every `accumulate_grad_batches` batches (and at
-# the end of every epoch). The checker runs a real Lightning `Trainer` on tiny data for
-# several set-ups and compares.
+# `trainer.global_step` (an integer) after `fit` on one process, with `n_train` training
+# columns in batches of `batch_size` (the last batch of an epoch may be smaller; none is
+# dropped), `epochs` epochs, and one optimizer step every `accumulate_grad_batches`
+# batches (and at the end of every epoch). The checker runs a real Lightning `Trainer` on
+# tiny data for several set-ups — batches that do not divide, more accumulation than an
+# epoch has batches, fewer columns than a batch — and compares.
 
 # %%
 # exercise: 02.optimizer_steps

@@ -361,8 +361,9 @@ print(f"2 ranks on {accelerator} over {share.backend}: train loss "
 # that rank's shard of the batch; it must replace every parameter's `.grad` by the average
 # of that gradient over all ranks, in place, with `torch.distributed.all_reduce` (the
 # process group is already initialised; `dist.get_world_size()` says how many ranks).
-# The checker runs your cell in two gloo processes and compares your gradients with those
-# DistributedDataParallel computes for the same model and shards, layer by layer.
+# The checker runs your cell at 2, 3 and 4 gloo processes (the shards are not all the
+# same size) and compares your gradients with those DistributedDataParallel computes for
+# the same model and shards, layer by layer, to float32 rounding.
 
 # %%
 # exercise: 03.average_gradients
@@ -382,11 +383,12 @@ from kosmoss.exercises import check; check("03.average_gradients", globals())
 # **Split a global batch over the ranks, refusing what does not divide.**
 #
 # Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
-# columns one rank's forward pass sees when `--batch-size` is the global batch and the
-# world is `num_nodes × devices_per_node` ranks. When the global batch cannot be split
-# evenly (not a multiple of the world size, or fewer columns than ranks), raise a
-# `ValueError` that says why, instead of training with another batch than the one asked
-# for. The checker compares with `kosmoss.scaling.plan` on a range of set-ups.
+# columns (an integer) one rank's forward pass sees when `--batch-size` is the global
+# batch and the world is `num_nodes × devices_per_node` ranks. When the global batch
+# cannot be split evenly (not a multiple of the world size, or fewer columns than ranks),
+# raise a `ValueError` whose message says why, instead of training with another batch than
+# the one asked for. The checker compares with what `kosmoss.scaling.arithmetic.plan`
+# accepts and refuses on a range of set-ups, without calling it from your cell.
 
 # %%
 # exercise: 03.per_device_batch

@@ -347,13 +347,13 @@ assert np.isclose(one, two, rtol=1e-5)
 # %% [markdown]
 # **Reduce a validation loss exactly over ranks with uneven shares.**
 #
-# Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional tensor of
-# the per-sample losses of that rank's share of the validation split — and the shares
-# need not be equal. Return the mean over *every* sample of *every* rank (a float or a
-# zero-dimensional tensor), the same on all ranks: the loss one process would compute on
-# the whole split. Use `torch.distributed.all_reduce`. The checker runs your cell in two
-# gloo processes, the first holding five samples and the second three, and compares with
-# the single-process mean (to `1e-6`, relative).
+# Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional float32
+# tensor of the per-sample losses of that rank's share of the validation split — and the
+# shares need not be equal; one may even be empty. Return the mean over *every* sample of
+# *every* rank (a float or a zero-dimensional tensor), the same on all ranks: the loss one
+# process would compute on the whole split. Use `torch.distributed.all_reduce`. The
+# checker runs your cell at 2, 3 and 4 gloo processes holding `5 + 3`, `5 + 3 + 1` and
+# `6 + 0 + 3 + 1` samples, and compares with the single-process mean to float32 rounding.
 
 # %%
 # exercise: metrics.exact_val_loss
@@ -374,7 +374,8 @@ from kosmoss.exercises import check; check("metrics.exact_val_loss", globals())
 # Write `padded_duplicates(n_samples, world_size)`: how many extra, repeated samples
 # `torch.utils.data.DistributedSampler` (with its default `drop_last=False`) adds so that
 # every rank gets the same number — samples a validation metric then counts twice. The
-# checker measures it by running the sampler on every rank for a range of sizes.
+# checker measures it by running the sampler on every rank for a range of sizes: splits
+# that divide evenly, and splits smaller than the world.
 
 # %%
 # exercise: metrics.padding

@@ -537,8 +537,9 @@ display(Markdown("\n\n".join([sentence(name) for name in SWEEP] + [lw_text])))
 # tuned for batches of `base_batch_size`; the run averages each optimizer step over
 # `effective_batch_size` columns (per-device batch × ranks × accumulated batches). With
 # `k = effective_batch_size / base_batch_size`, rule `"none"` keeps the rate, `"linear"`
-# multiplies it by `k`, `"sqrt"` by `√k`. The checker compares with `kosmoss.scaling` for
-# each rule on several batch sizes, some where `k` is not a whole number.
+# multiplies it by `k`, `"sqrt"` by `√k`. The checker compares with `kosmoss.scaling.arithmetic`
+# for each rule on several batch sizes, where `k` is not always a whole number and may be
+# below one, to float64 rounding.
 
 # %%
 # exercise: 04.scaled_lr
@@ -558,9 +559,10 @@ from kosmoss.exercises import check; check("04.scaled_lr", globals())
 # Write `warmup_lr(step, warmup_steps, base_lr, target_lr)`: the rate used at optimizer
 # step `step` (counted from `0`) when the run warms up from the unscaled `base_lr` to the
 # scaled `target_lr` linearly over `warmup_steps` steps (Goyal et al.'s gradual warm-up,
-# as kosmoss does it): `base_lr` at step `0`, `target_lr` from step `warmup_steps` on, and
-# `target_lr` throughout when `warmup_steps` is `0`. The checker compares with
-# `kosmoss.scaling.warmup_factor` step by step.
+# as kosmoss does it): `base_lr` at step `0`, `target_lr` from step `warmup_steps` on (and
+# for every step after it), and `target_lr` throughout when `warmup_steps` is `0`. The
+# checker compares with `kosmoss.scaling.arithmetic.warmup_factor` step by step, well past
+# the warm-up, to float64 rounding.
 
 # %%
 # exercise: 04.warmup_lr

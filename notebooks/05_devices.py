@@ -248,14 +248,15 @@ print("backends:", {k: v for k, v in facts["backends"].items()},
 # Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 05` checks every exercise of this lesson in your saved notebook.
 
 # %% [markdown]
-# **Decide where a run computes, as `kosmoss.devices.decide` does.**
+# **Decide where a run computes, as `kosmoss.devices.policy.decide` does.**
 #
 # Write `device_for(machine, machine_index, run_asks_gpu, visible_gpus)` returning
 # `"cpu"` or `"cuda:N"`. `machine` is the machine's setting: `"none"` (CPU only),
 # `"offer"` (a GPU if the run asks) or `"force"` (a GPU whatever the run asks);
 # `machine_index` picks a GPU (`None`: the first); `visible_gpus` is how many GPUs torch
-# sees. A GPU that is wanted but absent means CPU; an index that does not exist means GPU
-# 0. The checker compares with `decide` on every row of the lesson's decision table.
+# sees. A GPU that is wanted but absent means CPU; an index that does not exist (negative,
+# or not below `visible_gpus`) means GPU 0. The checker compares with `decide` on every
+# row of the decision table, indexes at the edges included.
 
 # %%
 # exercise: 05.device_for
@@ -271,9 +272,11 @@ from kosmoss.exercises import check; check("05.device_for", globals())
 #
 # Write `memory_share(ranks_on_host, gpus_on_host)` returning `(backend, fraction)`: the
 # process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memory each
-# rank may use, when the ranks are spread as evenly as possible over the GPUs. NCCL
-# refuses two ranks on one GPU; gloo accepts CUDA tensors; with no GPU, gloo and a
-# fraction of `1.0`. The checker compares with `kosmoss.devices.sharing`.
+# rank may use, when the ranks are spread as evenly as possible over the GPUs (the busiest
+# GPU sets the share). NCCL refuses two ranks on one GPU; gloo accepts CUDA tensors; with
+# no GPU, gloo and a fraction of `1.0`. The checker compares with
+# `kosmoss.devices.policy.sharing`, as many ranks as GPUs and ranks that do not divide
+# included.
 
 # %%
 # exercise: 05.memory_share

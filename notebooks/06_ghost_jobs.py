@@ -331,11 +331,12 @@ elif gpus():
 # **Find which process holds a port.**
 #
 # A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
-# Write `port_holder(port)`: the pid of the process *listening* on TCP port `port` on this
-# machine, or `None` when nobody listens there. Use `psutil` (its `net_connections`
-# lists every socket with its local address, status and pid). The checker starts a
-# process that listens on a free port, asks your function, and asks again once that
-# process has ended.
+# Write `port_holder(port)`: the pid (an integer) of the process *listening* on TCP port
+# `port` on this machine, or `None` when nobody listens there. Use `psutil` (its
+# `net_connections` lists every socket with its local address, status and pid). The
+# checker starts a process that listens on a free port and asks your function; then that
+# process ends while another one holds the same port number for UDP (which is no TCP
+# listener), and it asks again; then nobody holds it.
 
 # %%
 # exercise: 06.port_holder

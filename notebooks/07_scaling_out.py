@@ -341,11 +341,11 @@ else:
 # **Convert between global rank and (node rank, local rank).**
 #
 # A job runs `num_nodes × devices_per_node` ranks; torchrun, Slurm and Lightning number
-# them node after node. Write two functions: `rank_of(node_rank, local_rank,
-# devices_per_node)`, the global rank (`RANK`) of local rank `local_rank` on node
-# `node_rank`; and `place_of(rank, devices_per_node)`, the `(node_rank, local_rank)` of
-# global rank `rank` (local rank also picks the GPU on its node). The checker goes through
-# every rank of jobs from `2 × 1` to `4 × 8`.
+# them node after node, from `0`. Write two functions: `rank_of(node_rank, local_rank,
+# devices_per_node)`, the global rank (`RANK`, an integer) of local rank `local_rank` on
+# node `node_rank`; and `place_of(rank, devices_per_node)`, the `(node_rank, local_rank)`
+# of global rank `rank` (local rank also picks the GPU on its node). The checker goes
+# through every rank of jobs from `1 × 4` and `3 × 1` to `4 × 8`.
 
 # %%
 # exercise: 07.rank_arithmetic

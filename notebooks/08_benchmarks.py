@@ -302,12 +302,14 @@ else:
 # **Compute a model's training memory and check it against a measurement.**
 #
 # Write `training_memory(model, batch_size)`: the bytes one training step with Adam needs
-# for `model` (an `nn.Sequential` of `nn.Linear` and activation layers, float32) on a batch
-# of `batch_size` columns: parameters + gradients + Adam's two states per parameter +
-# activations, the tensors autograd keeps for the backward pass — here the input batch,
-# the output of every layer (each `Linear` and each activation) and the loss's targets
-# (as large as the last output). The checker measures a real step (tensor sizes,
-# autograd's saved tensors, the optimizer's state) on two models and compares (within one percent).
+# for `model` (an `nn.Sequential` of `nn.Linear` and `nn.SiLU` layers, float32) on a batch
+# of `batch_size` columns: parameters + gradients + Adam's two states per parameter (its
+# step counter, one number per tensor, is not counted) + activations, the tensors autograd
+# keeps for the backward pass — here the input batch, the output of every layer (each
+# `Linear` and each activation) and the loss's targets (as large as the last output). The
+# checker measures a real step (tensor sizes, autograd's saved tensors, the optimizer's
+# state) on several models, a single `Linear` and a batch of one among them, and compares
+# exactly: bytes are counted, not estimated.
 
 # %%
 # exercise: 08.training_memory
@@ -330,7 +332,8 @@ from kosmoss.exercises import check; check("08.training_memory", globals())
 # `world_size` ranks. The algorithm bandwidth is the buffer size over the time; the bus
 # bandwidth (nccl-tests' convention) corrects it by the share of the data every rank must
 # send and receive in an all-reduce, so that it compares with the hardware's link speed
-# whatever the number of ranks. The checker compares on several sizes and world sizes.
+# whatever the number of ranks. The checker compares on several sizes and world sizes,
+# one rank and an odd number of ranks included, to float64 rounding.
 
 # %%
 # exercise: 08.bandwidths

@@ -444,7 +444,7 @@ else:
 # # 3. The inter-node all-reduce is 16x slower per byte: for the fast devices the step
 # #    is now mostly the all-reduce across nodes, and a link's bandwidth or latency
 # #    becomes the dominant input.
-cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then rerun the loop
+# cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then rerun the loop
 # ```
 #
 # </details>
@@ -461,12 +461,14 @@ cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then 
 # place by the sum of that tensor over all ranks, as `dist.all_reduce(tensor)` does — but
 # with point-to-point messages only (`dist.send`/`dist.recv` or `dist.isend`/`dist.irecv`),
 # around a ring: rank `r` sends to rank `(r + 1) % n` and receives from rank `(r - 1) % n`.
-# Cut the tensor into `n` chunks; in the reduce-scatter phase (`n - 1` steps) each rank
-# sends one chunk and adds the one it receives, so that it ends with one chunk summed over
-# all ranks; in the all-gather phase (`n - 1` steps) the summed chunks go round once more.
-# The checker runs your cell in two gloo processes on tensors of several shapes, compares
-# with `dist.all_reduce`, and counts the bytes each rank sends: a ring sends `2(n-1)`
-# messages of one chunk each, `2(n-1)/n` of the buffer in all. Collectives are not allowed.
+# Cut the tensor into `n` chunks (`torch.tensor_split`; some may be one element shorter,
+# or empty when the tensor has fewer elements than ranks); in the reduce-scatter phase
+# (`n - 1` steps) each rank sends one chunk and adds the one it receives, so that it ends
+# with one chunk summed over all ranks; in the all-gather phase (`n - 1` steps) the summed
+# chunks go round once more. The checker runs your cell at 2, 3 and 4 gloo processes on
+# tensors of several shapes, compares with the exact sum to float32 rounding, and counts
+# the messages each rank sends: a ring sends `2(n-1)` messages of one chunk each,
+# `2(n-1)/n` of the buffer in all. Collectives are not allowed.
 
 # %%
 # exercise: 09.ring_all_reduce
@@ -490,8 +492,8 @@ from kosmoss.exercises import check; check("09.ring_all_reduce", globals())
 # so a bucket may go over the cap); the first bucket has cap `first_cap`, every later one
 # `cap`; the last bucket holds what is left. Return the buckets as lists of indices into
 # `grad_bytes`. The checker compares with the function DistributedDataParallel itself
-# calls (`torch.distributed._compute_bucket_assignment_by_size`) on several cases, the
-# sizes of kosmoss's MLP among them.
+# calls on several cases — the sizes of kosmoss's MLP among them, a bucket that reaches
+# its cap exactly, a gradient larger than any cap — without calling it from your cell.
 
 # %%
 # exercise: 09.buckets

@@ -411,8 +411,9 @@ else:
 # names, each value summed over all ranks, the same on every rank. Use
 # `torch.distributed.all_reduce`. Every collective matches the call with the same position
 # on the other ranks, whatever tensor it was given: the ranks must call them in an order
-# they all agree on. The checker runs your cell in two gloo processes whose dicts hold the
-# names in different orders.
+# they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes, each rank's
+# dict in another order; the values are multiples of `1/8`, so every sum is exact in
+# float32 and float64, and the checker compares exactly.
 
 # %%
 # exercise: 10.sum_stats
@@ -438,7 +439,8 @@ from kosmoss.exercises import check; check("10.sum_stats", globals())
 # larger than the median of the *other* ranks' by more than `30` percent *and* by at least
 # `2` ms (smaller gaps are timer noise). Under DDP every rank makes the same number of
 # steps per second, so step rates cannot tell. The checker compares with `kosmoss watch`'s
-# own code on several sets of ranks.
+# own code on several sets of ranks, two stragglers and both thresholds met exactly among
+# them.
 
 # %%
 # exercise: 10.stragglers

@@ -418,11 +418,13 @@ else:
 # Write `accumulated_step(model, optimizer, x, y, micro_batches)`. It must take exactly the
 # optimizer step that one forward and backward of the mean-squared-error loss on the whole
 # batch `(x, y)` followed by `optimizer.step()` would take — but run the model on
-# `micro_batches` equal slices of the batch, one after the other, so that only one slice's
-# activations are in memory at a time. The batch size is a multiple of `micro_batches`.
-# Start from zeroed gradients. The checker compares your weights after the step with the
-# full batch's (plain SGD, so that any scale error shows), and watches the size of every
-# forward pass.
+# `micro_batches` slices of the batch, one after the other, so that only one slice's
+# activations are in memory at a time. The slices are as equal as `torch.tensor_split`
+# makes them: when the batch does not divide, some are one column longer, so weigh each
+# slice by its share of the batch. The gradients may still hold the previous step's:
+# zero them first. The checker compares your weights after the step with the full
+# batch's (plain SGD, so that any scale error shows) to float32 rounding, and watches the
+# size of every forward pass and every call of `optimizer.step`.
 
 # %%
 # exercise: 11.accumulate
@@ -448,9 +450,9 @@ from kosmoss.exercises import check; check("11.accumulate", globals())
 # this spreads the bytes); a rank keeps the momentum buffers of its own
 # parameters only (in `state`, a dict you fill, kept between calls), updates only those,
 # and then every parameter is broadcast from the rank that owns it, so that all ranks end
-# with the same weights. The checker runs three steps in two gloo processes and compares
-# with `torch.optim.SGD(momentum=0.9)` on one process, and measures what each rank keeps
-# in `state`.
+# with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes and
+# compares with `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and
+# measures what each rank keeps in `state`.
 
 # %%
 # exercise: 11.zero1_step

@@ -19,8 +19,9 @@ next exercises are still checked, in a new launch):
   :data:`EXERCISE_TIMEOUT_S` for the exercise (all its world sizes together); a rank left
   alone in a collective gives up after :data:`COLLECTIVE_TIMEOUT_S` and says so;
 - end its own process (``os._exit``, a signal): the exercise it was running is named;
-- print megabytes: what the processes print is not kept (stdout goes nowhere, the last
-  :data:`STDERR_TAIL_BYTES` of stderr are kept to explain a crash).
+- print megabytes: past :data:`PRINT_LIMIT_BYTES` in one exercise the check is stopped
+  (what the processes print is never shown: a checker answers in one line; the last
+  :data:`TAIL_BYTES` of stderr are kept to explain a crash).
 
 Each check at one world size gets its own process group (a prefix of one TCPStore),
 destroyed afterwards; all processes meet at a barrier after it, so a rank that waits
@@ -47,7 +48,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 EXERCISE_TIMEOUT_S = 90.0  # one exercise, every world size: about 4x the slowest checker here
 COLLECTIVE_TIMEOUT_S = 20.0  # a rank left waiting in a collective by the others gives up
 START_ALLOWANCE_S = 180.0  # fresh interpreters importing torch on a busy laptop
-STDERR_TAIL_BYTES = 4096
+PRINT_LIMIT_BYTES = 2 ** 20  # what one exercise's processes may print (a debug print is fine)
+TAIL_BYTES = 4096
 POLL_S = 0.1
 PR_SET_PDEATHSIG = 1
 STOPPED = ("raised", "not-answered", "used-reference")  # no point in a larger world size
@@ -120,9 +122,9 @@ def _launch(tasks: List[Task], collective_s: float, exercise_s: float):
         (scratch / "job.pkl").write_bytes(pickle.dumps(job))
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # several ranks on a laptop's few cores
         ranks = [subprocess.Popen([sys.executable, "-m", __name__, folder, str(rank)], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE) for rank in range(processes)]
-        tails = [_Tail(rank.stderr) for rank in ranks]
+        tails = [(_Tail(rank.stdout), _Tail(rank.stderr)) for rank in ranks]
         try:
             failure = _watch(ranks, tails, tasks, scratch, exercise_s)
         finally:
@@ -138,14 +140,17 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
     """Follow the launch task by task; stop it when an exercise runs past its time or a
     process ends before the last task. Returns (item, why) of that exercise, or None."""
     started = time.monotonic()
-    current, since = None, None
+    current, since, printed = None, None, 0
     while True:
         counts = [_count(scratch, rank) for rank in range(len(ranks))]
         ended = _ended(ranks, counts, len(tasks))
         if ended is not None:
             rank, code = ended
             where = tasks[min(counts[rank] or 0, len(tasks) - 1)].item
-            return where, _ended_why(rank, code, tails[rank].last_line())
+            return where, _ended_why(rank, code, tails[rank][1].last_line())
+        if current is not None and _printed(tails) - printed > PRINT_LIMIT_BYTES:
+            return current, (f"printed more than {PRINT_LIMIT_BYTES // 2 ** 20} MiB: the "
+                             "checker shows none of it — take the prints out of the loops")
         if None in counts:  # still importing torch, meeting at the store
             if time.monotonic() - started > START_ALLOWANCE_S:
                 return tasks[0].item, (f"the checker's processes did not start within "
@@ -153,12 +158,16 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
         elif min(counts) == len(tasks):
             return None
         elif tasks[min(counts)].item != current:
-            current, since = tasks[min(counts)].item, time.monotonic()
+            current, since, printed = tasks[min(counts)].item, time.monotonic(), _printed(tails)
         elif time.monotonic() - since > exercise_s:
             return current, (f"did not finish within {exercise_s:.0f} s (the checker's time "
                              "for one exercise): does your code loop forever, or wait for a "
                              "rank that never calls the same collective?")
         time.sleep(POLL_S)
+
+
+def _printed(tails) -> int:
+    return sum(tail.total for pair in tails for tail in pair)
 
 
 def _ended(ranks, counts, total: int):
@@ -202,17 +211,19 @@ def _read(scratch: Path, rank: int) -> list:
 
 
 class _Tail:
-    """The last bytes a process writes to a pipe, read as it writes (it never blocks on
-    a full pipe, and megabytes of output cost no memory)."""
+    """The last bytes a process writes to a pipe and how many in all, read as it writes
+    (it never blocks on a full pipe, and megabytes of output cost no memory)."""
 
     def __init__(self, pipe):
-        self._kept = collections.deque(maxlen=STDERR_TAIL_BYTES)
+        self._kept = collections.deque(maxlen=TAIL_BYTES)
+        self.total = 0
         self._thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
         self._thread.start()
 
     def _drain(self, pipe) -> None:
         for chunk in iter(lambda: pipe.read1(65536), b""):
             self._kept.extend(chunk)
+            self.total += len(chunk)
         pipe.close()
 
     def last_line(self) -> str:

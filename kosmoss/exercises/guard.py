@@ -20,6 +20,7 @@ import sys
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 CHECKERS = "kosmoss.exercises"  # every exercise's references, measurements and checkers
+IMPORTING = ("<module>", "__getattr__", "__dir__")  # what an import runs: no call of a reference
 Forbidden = Union[str, Callable[[], object]]
 _ACTIVE: contextvars.ContextVar[Tuple[Forbidden, ...]] = contextvars.ContextVar(
     "kosmoss_exercise_forbidden", default=())
@@ -75,7 +76,7 @@ def tripwire() -> Iterator[List[str]]:
     def watch(frame, event, arg):
         if hits:
             return
-        if event == "call" and frame.f_code.co_name != "<module>":  # an import is no call
+        if event == "call" and frame.f_code.co_qualname not in IMPORTING:
             module = frame.f_globals.get("__name__") or ""
             if _within(module, prefixes):
                 hits.append(f"{module}.{frame.f_code.co_qualname}")

@@ -182,7 +182,7 @@ def normalise(x):
     "no guard (NaN for constants)": Mistake('''
 def normalise(x):
     return (x - x.mean(dim=0)) / x.std(dim=0, correction=0)
-''', "NaN"),
+''', "is NaN or inf in yours"),
     "relative to the signed mean": Mistake('''
 import torch
 

@@ -74,7 +74,7 @@ def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
 def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
     k = effective_batch_size / base_batch_size
     return base_lr * {"none": 1.0, "linear": k, "sqrt": k ** 2}[rule]
-""", "k ** 2"),
+""", "takes √k, not k ** 2"),
     "rules swapped": Mistake("""
 import math
 
@@ -95,7 +95,9 @@ def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
 
 SCALED_CASES = ((1e-3, 128, 64), (1e-3, 1024, 64), (3e-4, 512, 16), (1e-3, 100, 16),
                 (5e-3, 64, 64), (1e-3, 48, 32), (2e-3, 32, 64), (1e-3, 24, 256))
-SCALED_ROUNDINGS = 4  # k, its square root, two products: each within 2^-53, relative
+# k, its square root, the product: 3 roundings for kosmoss, at most 4 for a learner's order
+# (no subtraction, so relative to the result): the two differ by at most γ_7 < γ_8.
+SCALED_ROUNDINGS = 8
 
 
 def scaled_judge(namespace: dict) -> tuple:
@@ -206,7 +208,9 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
 WARMUP_CASES = ((10, 1e-3, 8e-3), (4, 1e-3, 1e-3 * math.sqrt(8)), (0, 1e-3, 4e-3),
                 (1, 2e-3, 6e-3), (3, 5e-4, 5e-4 * 16 / 3))
 WARMUP_PAST = 6  # steps checked after the warm-up: an unclamped ramp goes on rising
-WARMUP_ROUNDINGS = 4  # a difference, a product, a quotient, a sum
+# kosmoss's warmup_factor and the rate: 6 roundings; a learner's ramp at most as many; the
+# difference target - base may cancel, so relative to the larger rate: 2·γ_6 ≤ γ_12.
+WARMUP_ROUNDINGS = 12
 
 
 def warmup_judge(namespace: dict) -> tuple:
@@ -218,8 +222,8 @@ def warmup_judge(namespace: dict) -> tuple:
         ramp = [_warmup_rate(mine, step, warmup_steps, base_lr, target_lr) for step in steps]
         for step, got in zip(steps, ramp):
             expected = target_lr * warmup_factor(step, warmup_steps, base_lr / target_lr)
-            if number(got) is None or not float64_close(number(got), expected,
-                                                        WARMUP_ROUNDINGS):
+            if number(got) is None or not float64_close(
+                    number(got), expected, WARMUP_ROUNDINGS, max(base_lr, target_lr)):
                 return failed(f"warm-up from {base_lr:g} to {target_lr:.4g} over {warmup_steps} "
                               f"steps: at step {step} yours is {show(got)}, kosmoss uses "
                               f"{expected:.6g}"

@@ -60,7 +60,7 @@ def place_of(rank, devices_per_node):
     "ranks counted from 1": Mistake("""
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * devices_per_node + local_rank + 1
-""" + _PLACE, "from 0"),
+""" + _PLACE, "ranks count from 0"),
     "two devices per node hard-coded": Mistake("""
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * 2 + local_rank

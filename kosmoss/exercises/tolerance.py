@@ -10,6 +10,8 @@ checker says in its own module which n it uses and why.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 FLOAT32_UNIT = 2.0 ** -24  # unit roundoff of float32, round to nearest
 FLOAT64_UNIT = 2.0 ** -53  # unit roundoff of float64
 
@@ -21,6 +23,10 @@ def gamma(operations: int, unit: float = FLOAT32_UNIT) -> float:
     return operations * unit / (1 - operations * unit)
 
 
-def float64_close(got: float, expected: float, operations: int) -> bool:
-    """``got`` is ``expected`` up to ``operations`` float64 roundings (of Python floats)."""
-    return abs(got - expected) <= gamma(operations, FLOAT64_UNIT) * abs(expected)
+def float64_close(got: float, expected: float, operations: int,
+                  scale: Optional[float] = None) -> bool:
+    """``got`` is ``expected`` up to ``operations`` float64 roundings (of Python floats),
+    relative to ``scale`` (the largest magnitude the computation meets; default the
+    result's — right when no subtraction cancels)."""
+    bound = gamma(operations, FLOAT64_UNIT) * abs(expected if scale is None else scale)
+    return abs(got - expected) <= bound
