@@ -183,6 +183,10 @@ def _ended_why(rank: int, code: int, last_line: str) -> str:
     how = (f"was killed by {signal.Signals(-code).name}" if code < 0
            else f"exited with code {code}")
     said = f" ({last_line})" if last_line else ""
+    if "gloo" in last_line and "size" in last_line:  # gloo's own check on a message
+        return (f"gloo ended the checker's process {rank}: a rank received a message of "
+                "another size than the buffer it gave recv — the ranks disagree on which "
+                f"chunk they exchange{said}")
     return (f"the checker's process {rank} {how} while running your code{said}: does your "
             "cell end its own process (os._exit, sys.exit in a thread, a signal)?")
 

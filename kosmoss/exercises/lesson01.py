@@ -212,6 +212,26 @@ def normalise(x):
     scaled = (x - x.mean(dim=1, keepdim=True)) / torch.where(constant, torch.ones_like(std), std)
     return torch.where(constant, torch.zeros_like(scaled), scaled)
 ''', "each row"),
+    "an absolute cut above rounding (std > 0.01)": Mistake('''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    scaled = (x - x.mean(dim=0)) / torch.where(std > 1e-2, std, torch.ones_like(std))
+    return torch.where(std > 1e-2, scaled, torch.zeros_like(scaled))
+''', "treated as constant, but it varies"),
+    "computes in bfloat16": Mistake('''
+import torch
+
+
+def normalise(x):
+    x = x.to(torch.bfloat16)
+    std = x.std(dim=0, correction=0)
+    constant = std <= 1e-6 * x.abs().mean(dim=0)
+    scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled).float()
+''', "the rounding of a 16-bit float"),
     "divides by the variance": Mistake('''
 import torch
 
@@ -359,6 +379,11 @@ def _varying_mistake(x64, got, feature: int, z) -> str:
         if torch.allclose(mine, candidate, rtol=1e-3, atol=1e-9):
             return f"is {what} in yours"
     gap = float((mine - z).abs().max())
+    relative = gap / max(float(z.abs().max()), 1.0)
+    if 1e-4 < relative < 0.1:  # 2^-8 (bfloat16) to 2^-11 (float16), grown by sums
+        return (f"differs by up to {gap:.2g} from the standardised values, about "
+                f"{relative:.0e} of their size: the rounding of a 16-bit float (bfloat16 keeps "
+                "8 bits, float16 11) — compute in float32")
     return f"differs by up to {gap:.2g} from the standardised values"
 
 

@@ -86,6 +86,16 @@ def predict_wm2(checkpoint_path, x):
     with torch.no_grad():
         return model(model.normalize_x(x))
 """, "normalised twice"),
+    "predicts in bfloat16": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path).to(torch.bfloat16)
+    with torch.no_grad():
+        return model(x.to(torch.bfloat16)).float()
+""", "the rounding of a 16-bit float"),
     "returns numpy": Mistake("""
 import torch
 from kosmoss.model import LitMLP
@@ -180,21 +190,26 @@ def _prediction_mistake(got, model, x):
     gap = float((got.detach().double() - expected.double()).abs().max())
     if gap > tolerance:
         return (f"your fluxes differ from the model's by up to {gap:.3g} W m-2 (tolerance "
-                f"{tolerance:.1g})" + _prediction_hint(got.detach(), normalised, twice))
+                f"{tolerance:.1g})" + _prediction_hint(got.detach(), expected, normalised,
+                                                       twice))
     if got.requires_grad:
         return ("your fluxes are right but track gradients (requires_grad): compute them "
                 "under torch.no_grad() — a prediction needs no graph, and keeps none in memory")
     return None
 
 
-def _prediction_hint(got, normalised, twice) -> str:
+def _prediction_hint(got, expected, normalised, twice) -> str:
     import torch
 
     if torch.allclose(got, normalised, atol=1e-4):
         return (": these are the network's normalised outputs — de-normalise them "
                 "(× y_std + y_mean), as LitMLP.forward does")
     if torch.allclose(got, twice, atol=1e-3):
-        return (": your input was normalised twice — LitMLP.forward normalises x itself")
+        return ": your input was normalised twice — LitMLP.forward normalises x itself"
+    relative = float((got - expected).abs().max()) / float(expected.abs().max())
+    if 1e-4 < relative < 0.05:  # 2^-8 (bfloat16) to 2^-11 (float16), grown by the layers
+        return (f": off by about {relative:.0e} of the fluxes' size — the rounding of a "
+                "16-bit float (bfloat16 keeps 8 bits): predict in float32")
     return (": are the checkpoint's weights and statistics loaded? LitMLP.load_from_checkpoint "
             "restores both")
 

@@ -83,6 +83,15 @@ def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
     k = effective_batch_size / base_batch_size
     return base_lr * {"none": 1.0, "linear": math.sqrt(k), "sqrt": k}[rule]
 """, "the other rule's"),
+    "a float32 rate": Mistake("""
+import torch
+
+
+def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
+    k = torch.tensor(effective_batch_size / base_batch_size)
+    factor = {"none": torch.tensor(1.0), "linear": k, "sqrt": k.sqrt()}[rule]
+    return float(base_lr * factor)
+""", "float32's rounding"),
     "never scales down": Mistake("""
 import math
 
@@ -131,12 +140,21 @@ def _scaled_hint(got, base_lr: float, rule: str, effective: int, base: int) -> s
               "that is the square root of the batch, not of k"),
              (factor(base / effective), "k is upside down: effective / base, not base / effective"),
              (k ** 2 if rule == "sqrt" else None, "the square-root rule takes √k, not k ** 2"),
+             (k / 2 if rule == "sqrt" else None,
+              "k ** 1 / 2 is (k ** 1) / 2: write k ** 0.5 or math.sqrt(k)"),
              ({"linear": math.sqrt(k), "sqrt": k}.get(rule), "that is the other rule's factor"),
              (factor(max(1.0, k)),
               "k below one scales the rate down too: a smaller batch, a smaller step"))
     for candidate, hint in hints:
         if candidate is not None and math.isclose(got / base_lr, candidate, rel_tol=1e-9):
             return f": {hint}"
+    return _float32_hint(got, base_lr * factor(k))
+
+
+def _float32_hint(got: float, expected: float) -> str:
+    if math.isclose(got, expected, rel_tol=1e-6):  # float32 keeps 24 bits: 6e-8 relative
+        return (": right to about 1e-7 — float32's rounding (a torch tensor, numpy's "
+                "float32): compute with Python floats (float64)")
     return ""
 
 
@@ -197,6 +215,16 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
         return target_lr
     return base_lr + (target_lr - base_lr) * (step // warmup_steps)
 """, "step // warmup_steps is 0"),
+    "a float32 ramp": Mistake("""
+import numpy as np
+
+
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target_lr
+    fraction = np.float32(step) / np.float32(warmup_steps)
+    return float(np.float32(base_lr) + (np.float32(target_lr) - np.float32(base_lr)) * fraction)
+""", "float32's rounding"),
     "ends one step early": Mistake("""
 def warmup_lr(step, warmup_steps, base_lr, target_lr):
     if warmup_steps <= 1 or step >= warmup_steps - 1:
@@ -264,7 +292,7 @@ def _warmup_hint(ramp, step: int, warmup: int, base_lr: float, target_lr: float)
         return ": your ramp is one step late (step 0 is the first step)"
     if warmup > 1 and follows(lambda i: line(i, warmup - 1), range(warmup - 1)):
         return ": your ramp reaches target_lr one step early: at step warmup_steps, not before"
-    return ""
+    return _float32_hint(values[step], line(min(step, warmup), warmup) if warmup else target_lr)
 
 
 EXERCISES = [

@@ -69,6 +69,13 @@ def rank_of(node_rank, local_rank, devices_per_node):
 def place_of(rank, devices_per_node):
     return rank / devices_per_node, rank % devices_per_node
 """, "integers"),
+    "numpy's floor gives floats": Mistake(_RANK + """
+import numpy as np
+
+
+def place_of(rank, devices_per_node):
+    return np.floor(rank / devices_per_node), rank % devices_per_node
+""", "ranks are integers"),
     "the node from the wrong count": Mistake(_RANK + """
 def place_of(rank, devices_per_node):
     return rank // (devices_per_node + 1), rank % devices_per_node

@@ -89,11 +89,15 @@ MEMORY_WRONG = {
                                   "4 * (4 * params + batch_size * width)"), "the targets"),
     "float64 sizes": Mistake(_memory(_ALL, _WIDTH, "8 * (4 * params + batch_size * width)"),
                              "4 bytes per float32"),
+    "counts Adam's step counter": Mistake(_memory(_ALL, _WIDTH.replace(
+        "    width = linears[0]", "    tensors = len(list(model.parameters()))\n    width = linears[0]"),
+        "4 * (4 * params + tensors + batch_size * width)"), "Adam's step counters"),
     "one Adam state": Mistake(_memory(_ALL, _WIDTH, "4 * (3 * params + batch_size * width)"),
                               "one of Adam's two states"),
 }
 
-MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3), ((7, 5, 3), 1))
+MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3),
+          ((300, 100, 100, 100, 552), 1))
 
 
 def build(sizes, seed: int = 0):
@@ -170,7 +174,8 @@ def _named_parts(model, batch: int) -> Dict[str, int]:
     params = sum(p.numel() for p in model.parameters())
     biases = sum(m.bias.numel() for m in linears)
     hidden = sum(m.out_features for m in linears[:-1])
-    return {"Adam's two states": 8 * params, "one of Adam's two states (or the gradients)":
+    return {"Adam's step counters (one number per parameter tensor, which the statement "
+            "leaves out)": 4 * len(list(model.parameters())), "Adam's two states": 8 * params, "one of Adam's two states (or the gradients)":
             4 * params, "the biases (their values, gradients and Adam's two states)":
             16 * biases, "each activation's output (as large as its input)": 4 * batch * hidden,
             "the targets": 4 * batch * linears[-1].out_features,
@@ -182,9 +187,13 @@ def _missing(got: float, measured: int, model, batch: int) -> str:
     gap = measured - got
     if got == 2 * measured:
         return ": twice the measurement — 4 bytes per float32 number, not 8"
-    for name, value in _named_parts(model, batch).items():
-        if abs(gap) == value:
-            return f": {'short of' if gap > 0 else 'over'} it by exactly {name}"
+    for unit, size in (("MB", 1e6), ("MiB", 2 ** 20), ("kB", 1e3)):
+        if math.isclose(got * size, measured, rel_tol=1e-3):
+            return f": that is the measurement in {unit} — return bytes"
+    names = [name for name, value in _named_parts(model, batch).items() if abs(gap) == value]
+    if names:
+        same = " (the same size here)" if len(names) > 1 else ""
+        return f": {'short of' if gap > 0 else 'over'} it by exactly {' or '.join(names)}{same}"
     activations = measure(model, batch)["activations"]
     if batch > 1 and gap == activations * (batch - 1) / batch:
         return ": your activations are one column's — count every column of the batch"

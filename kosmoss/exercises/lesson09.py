@@ -460,8 +460,12 @@ def bucket_judge(namespace: dict) -> tuple:
         got = mine(list(grad_bytes), first_cap, cap)
         try:
             got = [[int(i) for i in bucket] for bucket in got]
-        except TypeError:
+        except (TypeError, ValueError):
             return failed(f"ddp_buckets returned {got!r}: return a list of lists of indices")
+        if sorted(i for bucket in got for i in bucket) != list(range(len(grad_bytes))) and \
+                not all(0 <= i < len(grad_bytes) for bucket in got for i in bucket):
+            return failed(f"for gradients of {list(grad_bytes)} bytes yours {got}: return "
+                          "indices into grad_bytes (0 to len - 1), each once, not sizes")
         if got != expected:
             return failed(f"for gradients of {list(grad_bytes)} bytes, first cap {first_cap}, "
                           f"cap {cap}: yours {got}, DDP's {expected}"

@@ -215,6 +215,13 @@ def padded_duplicates(n_samples, world_size):
 def padded_duplicates(n_samples, world_size):
     return -(n_samples % world_size)
 """, "pads by default"),
+    "numpy's ceil gives a float": Mistake("""
+import numpy as np
+
+
+def padded_duplicates(n_samples, world_size):
+    return np.ceil(n_samples / world_size) * world_size - n_samples
+""", "a count of samples is an integer"),
     "one repeat at most": Mistake("""
 def padded_duplicates(n_samples, world_size):
     return 0 if n_samples % world_size == 0 else 1
@@ -241,12 +248,14 @@ def padding_judge(namespace: dict) -> tuple:
         if got != expected or not is_integer(got):
             return failed(f"for {n_samples} samples on {world_size} ranks yours says {got!r}; "
                           f"the sampler serves {n_samples + expected}, so {expected} repeated"
-                          + _padding_hint(got, n_samples, world_size))
+                          + _padding_hint(got, n_samples, world_size, expected))
     return passed(f"matches what DistributedSampler served in {len(PADDING_CASES)} set-ups")
 
 
-def _padding_hint(got, n: int, world: int) -> str:
+def _padding_hint(got, n: int, world: int, expected: int) -> str:
     per_rank = -(-n // world)
+    if got == expected and not is_integer(got):
+        return ": a count of samples is an integer"
     for candidate, hint in (
             (n % world, "that is the remainder; the padding fills the last round up to the "
              "world size"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from right_answers import RIGHT
 
 from kosmoss.exercises import check, exercises, skeleton, statement
 from kosmoss.exercises.core import (CORRECT, ERROR, LESSON_MODULES, WORLD_SIZES, WRONG, find,
@@ -27,10 +28,13 @@ REJECTED = (WRONG, ERROR)  # a mistake that raises (a division by zero) is rejec
 
 
 def _catalogue_items(chosen):
-    """(exercise, mistake name or None for the reference, cell source)."""
+    """(exercise, mistake name — None for the reference, "right N" for another right
+    answer — cell source)."""
     items = []
     for exercise in chosen:
         items.append((exercise, None, exercise.cell(exercise.reference)))
+        items += [(exercise, f"right {i}", exercise.cell(body))
+                  for i, body in enumerate(RIGHT[exercise.id])]
         items += [(exercise, name, exercise.cell(m.body))
                   for name, m in exercise.mistakes.items()]
     return items
@@ -85,6 +89,8 @@ def test_exercise_is_complete(exercise):
 def test_checker_accepts_reference_and_names_each_mistake(exercise, in_process_verdicts):
     judged = in_process_verdicts[exercise.id]
     assert judged[None].status == CORRECT, judged[None].line
+    for i, _ in enumerate(RIGHT[exercise.id]):
+        assert judged[f"right {i}"].status == CORRECT, judged[f"right {i}"].line
     for name, mistake in exercise.mistakes.items():
         verdict = judged[name]
         assert verdict.status in REJECTED, (name, verdict.line)
@@ -100,6 +106,8 @@ def test_distributed_checker_rejects_each_mistake_where_it_is_wrong(exercise,
     assert reference.status == CORRECT, reference.line
     assert [(size, ok) for size, ok, _ in reference.per_world_size] == \
         [(size, True) for size in WORLD_SIZES]
+    for i, _ in enumerate(RIGHT[exercise.id]):
+        assert judged[f"right {i}"].status == CORRECT, judged[f"right {i}"].line
     for name, mistake in exercise.mistakes.items():
         verdict = judged[name]
         assert verdict.status in REJECTED, (name, verdict.line)
