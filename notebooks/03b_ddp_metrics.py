@@ -324,17 +324,20 @@ assert np.isclose(one, two, rtol=1e-5)
 # <details><summary>Solution</summary>
 #
 # ```python
-# # 1. 201 columns on 3 ranks divide evenly: no padding. Try N_VAL = 202 instead: one
-# #    column short of 204, so two repeats.
+# # 1. Repeats: the sampler pads up to a multiple of the ranks.
 # RANKS = 3
+# print("repeated:", -(-N_VAL // RANKS) * RANKS - N_VAL)  # 0 when N_VAL divides
+# print("with one more column:", -(-(N_VAL + 1) // RANKS) * RANKS - (N_VAL + 1))
 # padded3 = validate_on_two_ranks(ValidateThreeWays(), "padded3")
 # print(padded3[0]["sync_dist"], exact)
 #
 # # 2. A sum reduction of floats is exact (201.0); only a *mean* of an integer truncates.
 # # 3. Every rank must take the same number of optimizer steps: DDP's all-reduce in a
 # #    step waits for all ranks, so a rank with one batch more would wait forever (or
-# #    until the timeout). Padding, dropping the remainder, or Lightning's join-style
-# #    uneven-input support keep the ranks in step.
+# #    until the timeout). Padding or dropping the remainder keep the ranks in step.
+# #    Plain PyTorch can also let ranks run out of data at different steps, with DDP's
+# #    join() context manager; Lightning has no such option (Lightning issue 3325 asks
+# #    for uneven inputs), so under Lightning the batches must even out.
 # ```
 #
 # </details>

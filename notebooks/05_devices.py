@@ -23,7 +23,7 @@
 # - how two ranks share one GPU: gloo instead of NCCL, and a share of the memory each;
 # - how to ask a machine what it has: `kosmoss env`.
 #
-# Time: ~15 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
 import json
@@ -123,12 +123,16 @@ if not torch.cuda.is_available():
 
 # %% [markdown]
 # `--gpu-ids 2,3` is not the same as `CUDA_VISIBLE_DEVICES=2,3`. With `--gpu-ids`, local
-# rank `r` uses the CUDA id `ids[r]`, but every rank still sees every GPU: anything that
-# touches the default device (a library, a stray `.cuda()`) lands on `cuda:0`, another
-# job's GPU perhaps. `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process
-# altogether, and its ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
+# rank `r` uses the CUDA id `ids[r]`, but every rank still sees every GPU. Lightning's
+# CUDA accelerator calls `torch.cuda.set_device` on the rank's GPU when it sets the rank
+# up, so from then on a stray `.cuda()` lands on the rank's own GPU. What still lands on
+# `cuda:0`, another job's GPU perhaps: whatever names it (`device="cuda:0"`), whatever
+# touches CUDA before the Trainer's set-up (at import, in the script before `fit`), and
+# processes the rank starts (data-loading workers, tools), which begin on `cuda:0`.
+# `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process altogether, and its
+# ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
 # `--gpu-ids` count *after* the renumbering, so `CUDA_VISIBLE_DEVICES=2,3` with
-# `--gpu-ids 1` is physical GPU `3` (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
+# `--gpu-ids 1` is the second GPU of that list (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
 # as Slurm set `CUDA_VISIBLE_DEVICES` for you: there, use the ids from zero.
 #
 # ## Two ranks on one GPU
@@ -140,7 +144,8 @@ if not torch.cuda.is_available():
 # allocations are capped at its share of the GPU's memory
 # (`torch.cuda.set_per_process_memory_fraction`), so that one rank's tensors cannot starve
 # the others. The cap covers only PyTorch's caching allocator: the CUDA context each
-# process creates (a few hundred MiB), and memory that other libraries (NCCL's buffers,
+# process creates (its size depends on the GPU and the libraries loaded), and memory that
+# other libraries (NCCL's buffers,
 # cuDNN or cuBLAS workspaces) allocate outside PyTorch, are not counted in it. Leave room
 # for them.
 
@@ -171,7 +176,8 @@ else:
 
 # %% [markdown]
 # Now the real thing: `trainup_gpu.py --gpus 2`. With two GPUs it trains with NCCL, one
-# rank per GPU; with one GPU the two ranks share it over gloo with half the memory each;
+# rank per GPU; with one GPU the two ranks share it over gloo, each capped at its share
+# of the memory (the `sharing` rule above);
 # with none it falls back to CPU, says so, and records the warning in `result.json`.
 
 # %%
@@ -185,7 +191,8 @@ if not torch.cuda.is_available():  # "falls back to CPU, says so, and records th
 
 # %% [markdown]
 # And with `--require-gpu`, the same command refuses to fall back when there is no GPU:
-# exit code `2` and one line, before anything is prepared or written.
+# the exit code of bad input and one line (the cell prints both), before anything is
+# prepared or written.
 
 # %%
 refused = sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--require-gpu",
@@ -221,10 +228,10 @@ print("backends:", {k: v for k, v in facts["backends"].items()},
 #
 # 1. Which row of the decision table does `trainup_gpu.py --require-gpu` on a laptop
 #    without a GPU fall in, and what exactly does it print?
-# 2. Use `decide` to find out what happens when the machine forces GPU `3` but only two
-#    are visible.
+# 2. Use `decide` to find out what happens when the machine forces a GPU index that does
+#    not exist (`MachineGpu("force", 3)` with `gpu_count=2`).
 # 3. Three ranks on two GPUs: which backend and which memory share does `sharing` give,
-#    and why not a third of the memory?
+#    and why is the share not the GPUs divided by the ranks?
 #
 # <details><summary>Solution</summary>
 #
