@@ -308,12 +308,16 @@ two = results[2]
 print(f"\nreplica checksums {two['replica_checksums']}: identical = {two['replicas_identical']}")
 ratio = two["train_samples_per_s"] / results[1]["train_samples_per_s"]
 print(f"throughput of 2 processes / 1 process: {ratio:.2f}")
+apart = abs(two["test_loss"] - results[1]["test_loss"]) / results[1]["test_loss"]
+print(f"test losses {two['test_loss']:.4f} and {results[1]['test_loss']:.4f}: {apart:.2%} apart")
+assert two["global_step"] == results[1]["global_step"], "the same steps on the same data"
 
 # %% [markdown]
-# Read the two lines: the same global batch and number of steps, so both runs see the
-# same data and reach a similar loss (not the same bits: the order of the floating-point
-# sums differs). The throughput ratio says little about DDP here, since both runs share
-# the same cores; the cell below says what decided it on this machine.
+# Read the two lines: the same global batch and number of steps (the cell checks it), so
+# both runs see the same data and take the same steps; their losses differ by what the
+# cell prints, not by nothing: the order of the floating-point sums differs, and training
+# carries that difference along. The throughput ratio says little about DDP here, since
+# both runs share the same cores; the cell below says what decided it on this machine.
 
 # %%
 from kosmoss.devices.cpus import available_cores, cores_per_process

@@ -438,8 +438,8 @@ for (name, k), v in verdict.items():
           f"{'agrees' if v['agrees'] else 'is not confirmed'}")
 vs_own = {name: table[(name, K_MAX, verdict[(name, K_MAX)]["best"])]["median"] /
           table[(name, K_MAX, "own rate")]["median"] for name in SWEEP}
-layerwise = {lw: table[(lw, K_MAX, "own rate")]["median"] / table[(name, K_MAX, "own rate")]["median"]
-             for lw, name in LAYERWISE.items()}
+layerwise = {lw: table[(lw, K_MAX, "own rate")]["median"]
+             / table[(name, K_MAX, "own rate")]["median"] for lw, name in LAYERWISE.items()}
 print("best rule / rate tuned at the large batch: "
       + ", ".join(f"{name} {ratio:.2f}" for name, ratio in vs_own.items()))
 print("layer-wise / plain optimizer, both tuned at the large batch: "

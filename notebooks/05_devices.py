@@ -132,7 +132,8 @@ if not torch.cuda.is_available():
 # `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process altogether, and its
 # ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
 # `--gpu-ids` count *after* the renumbering, so `CUDA_VISIBLE_DEVICES=2,3` with
-# `--gpu-ids 1` is the second GPU of that list (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
+# `--gpu-ids 1` is the second GPU of that list (in the order `CUDA_DEVICE_ORDER` sets).
+# Schedulers such
 # as Slurm set `CUDA_VISIBLE_DEVICES` for you: there, use the ids from zero.
 #
 # ## Two ranks on one GPU
@@ -165,9 +166,10 @@ if torch.cuda.is_available():
     torch.cuda.set_per_process_memory_fraction(0.5, 0)
     try:
         block = torch.empty(int(total * 0.6) // 4, dtype=torch.float32, device="cuda:0")
-        print("allocated 60 % of the GPU despite a 50 % share?")
     except torch.cuda.OutOfMemoryError:
         print(f"a 60 % allocation failed under a 50 % share of {total / 2**30:.0f} GiB, as intended")
+    else:
+        raise AssertionError("allocated 60 % of the GPU despite a 50 % share")
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     torch.cuda.empty_cache()
 else:

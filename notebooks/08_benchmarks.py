@@ -61,7 +61,8 @@ print(sorted(p.name for p in out.iterdir()))
 #
 # - **samples/s**: training columns per second over the whole job, median of the repeats;
 # - **ratio**: samples/s divided by the row named under *vs* — the raw loop for training
-#   rows, the course's loader for the loader rows;
+#   rows, the course's loader for the loader rows — repeat by repeat, then the median
+#   (paired, so that a machine whose load drifts compares like with like);
 # - **eff.** (scaling efficiency): samples/s divided by (ranks × the one-rank kosmoss row):
 #   one means `N` ranks do `N` times the work of one;
 # - **1st step s**: from launching the command to the end of the first training step —
@@ -160,9 +161,13 @@ if raw:
     print(f"raw loop: {step_ms(raw):.1f} ms per step of {raw['batch_size']} columns, "
           f"{torch.get_num_threads()} torch thread(s) in one process on {cores} core(s)")
 if raw and single:
+    medians = single["samples_per_s"] / raw["samples_per_s"]
+    drifted = max(medians, single["ratio"]) / min(medians, single["ratio"]) > 1.25
     print(f"kosmoss, 1 process: {step_ms(single):.1f} ms per step, "
-          f"{step_ms(single) - step_ms(raw):+.1f} ms against the raw loop "
-          f"(ratio {single['ratio']:.2f})")
+          f"{step_ms(single) - step_ms(raw):+.1f} ms against the raw loop (paired ratio "
+          f"{single['ratio']:.2f}, ratio of the medians {medians:.2f})"
+          + ("; they disagree: the machine's load moved between the repeats — rerun on a "
+             "quiet machine before reading the ratios" if drifted else ""))
 alone = measured.get("lightning-cpu")
 if raw and alone and single:
     own_ms = step_ms(single) - step_ms(alone)

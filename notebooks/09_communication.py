@@ -389,7 +389,8 @@ fastest = max(outlook)
 one_node, four_nodes = outlook[fastest][(8, 1)], outlook[fastest][(8, 4)]
 print(f"for the fastest device the prediction hangs most on {four_nodes['dominant']!r}; "
       f"four nodes instead of one: speedup {one_node['speedup']:.1f} -> "
-      f"{four_nodes['speedup']:.1f} ({'a loss' if four_nodes['speedup'] < one_node['speedup'] else 'a gain'})")
+      f"{four_nodes['speedup']:.1f} "
+      f"({'a loss' if four_nodes['speedup'] < one_node['speedup'] else 'a gain'})")
 assert four_nodes["dominant"] in projection.KNOBS
 
 # %% [markdown]

@@ -300,6 +300,8 @@ try:  # what PyTorch says
     dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5))
 except Exception as err:
     print(f"PyTorch: {type(err).__name__}: {str(err).splitlines()[0]}")
+else:
+    raise AssertionError(f"PyTorch's store started on port {port}, which another process holds")
 taken = sh([sys.executable, script("trainup_cpu.py"), "--num-processes", "2", "--dataset", "tiny"],
            env={**os.environ, "MASTER_PORT": str(port)}, check=False)
 kosmoss("ghosts", "--port", port)
@@ -329,7 +331,8 @@ print(f"holder ended; port {port} free again: {port_is_free(port)}")
 # *queued* its last collective, not where the GPU is. PyTorch's **flight recorder** — part
 # of its NCCL process group, `ProcessGroupNCCL` — keeps each rank's last collectives
 # (type, sizes, state: scheduled, started, completed) in a ring buffer, and dumps it on a
-# timeout or on demand; `torch.distributed.flight_recorder` reads the dumps. kosmoss sets it up on GPU runs
+# timeout or on demand; `torch.distributed.flight_recorder` reads the dumps. kosmoss sets
+# it up on GPU runs
 # (`kosmoss.diagnose.hang.flight_recorder_env`: the dumps go into the run's folder, and a
 # named pipe per rank dumps at once). The cell below makes one rank run three all-reduces
 # on NCCL, dumps its recorder through the pipe, and lists the entries; read real dumps

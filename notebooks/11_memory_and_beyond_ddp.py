@@ -122,8 +122,9 @@ print(f"{'total':>12}: {mib(total)} at batch {BATCH}; "
 # Every line matches to the byte. For this model all of it is a few MiB: memory is not
 # what limits it, on any device (past a batch size the first exercise computes, the
 # activations are the larger part). Now a far larger model — `SCALE` times the
-# parameters, printed below; the same shape, wider hidden layers. The cell finds the width, builds the model on PyTorch's **meta** device (tensors with a shape
-# and a dtype but no storage: nothing is allocated), and runs the same measured step on it.
+# parameters, printed below; the same shape, wider hidden layers. The cell finds the
+# width, builds the model on PyTorch's **meta** device (tensors with a shape and a dtype
+# but no storage: nothing is allocated), and runs the same measured step on it.
 
 # %%
 params_small = computed["parameters"] // 4
@@ -192,8 +193,8 @@ assert gap < 1e-6 and slice_activations * MICRO == computed["activations"]
 # `bfloat16` keeps float32's exponent range with fewer bits of mantissa: two bytes a
 # number. With `--precision bf16-mixed` (Lightning's `MixedPrecision`, `torch.autocast`)
 # the matrix products run in bf16, so their outputs — the activations — take two bytes a
-# number instead of four. The parameters, the gradients and Adam's states stay float32: mixed precision
-# halves the activations, not the `16P`. Autocast also keeps a bf16 copy of each weight
+# number instead of four. The parameters, the gradients and Adam's states stay float32:
+# mixed precision halves the activations, not the `16P`. Autocast also keeps a bf16 copy of each weight
 # it multiplies by, for backward. The measurement, the same step with autocast (on CPU
 # too: bf16 is a CPU type as well):
 

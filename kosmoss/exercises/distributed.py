@@ -45,7 +45,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-EXERCISE_TIMEOUT_S = 90.0  # one exercise, every world size: about 4x the slowest checker here
+EXERCISE_TIMEOUT_S = 60.0  # one exercise, all its world sizes: many times what a checker takes
 COLLECTIVE_TIMEOUT_S = 20.0  # a rank left waiting in a collective by the others gives up
 START_ALLOWANCE_S = 180.0  # fresh interpreters importing torch on a busy laptop
 PRINT_LIMIT_BYTES = 2 ** 20  # what one exercise's processes may print (a debug print is fine)
@@ -146,8 +146,11 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
         ended = _ended(ranks, counts, len(tasks))
         if ended is not None:
             rank, code = ended
-            where = tasks[min(counts[rank] or 0, len(tasks) - 1)].item
-            return where, _ended_why(rank, code, tails[rank][1].last_line())
+            said = tails[rank][1].last_line()
+            if counts[rank] is None:  # it never started: no learner's code ran yet
+                return tasks[0].item, (f"the checker's process {rank} could not start "
+                                       f"(exit code {code}: {said or 'no message'})")
+            return tasks[min(counts[rank], len(tasks) - 1)].item, _ended_why(rank, code, said)
         if current is not None and _printed(tails) - printed > PRINT_LIMIT_BYTES:
             return current, (f"printed more than {PRINT_LIMIT_BYTES // 2 ** 20} MiB: the "
                              "checker shows none of it — take the prints out of the loops")

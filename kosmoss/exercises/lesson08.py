@@ -90,7 +90,8 @@ MEMORY_WRONG = {
     "float64 sizes": Mistake(_memory(_ALL, _WIDTH, "8 * (4 * params + batch_size * width)"),
                              "4 bytes per float32"),
     "counts Adam's step counter": Mistake(_memory(_ALL, _WIDTH.replace(
-        "    width = linears[0]", "    tensors = len(list(model.parameters()))\n    width = linears[0]"),
+        "    width = linears[0]",
+        "    tensors = len(list(model.parameters()))\n    width = linears[0]"),
         "4 * (4 * params + tensors + batch_size * width)"), "Adam's step counters"),
     "one Adam state": Mistake(_memory(_ALL, _WIDTH, "4 * (3 * params + batch_size * width)"),
                               "one of Adam's two states"),
@@ -175,9 +176,11 @@ def _named_parts(model, batch: int) -> Dict[str, int]:
     biases = sum(m.bias.numel() for m in linears)
     hidden = sum(m.out_features for m in linears[:-1])
     return {"Adam's step counters (one number per parameter tensor, which the statement "
-            "leaves out)": 4 * len(list(model.parameters())), "Adam's two states": 8 * params, "one of Adam's two states (or the gradients)":
-            4 * params, "the biases (their values, gradients and Adam's two states)":
-            16 * biases, "each activation's output (as large as its input)": 4 * batch * hidden,
+            "leaves out)": 4 * len(list(model.parameters())),
+            "Adam's two states": 8 * params,
+            "one of Adam's two states (or the gradients)": 4 * params,
+            "the biases (their values, gradients and Adam's two states)": 16 * biases,
+            "each activation's output (as large as its input)": 4 * batch * hidden,
             "the targets": 4 * batch * linears[-1].out_features,
             "the input batch": 4 * batch * linears[0].in_features}
 
@@ -242,7 +245,8 @@ BANDWIDTH_WRONG = {
                                   "upside down"),
     "bits, not bytes": Mistake(_bandwidth("algbw * 2 * (world_size - 1) / world_size",
                                           "8 * nbytes / seconds"), "bytes per second"),
-    "twice algbw, whatever the ranks": Mistake(_bandwidth("2 * algbw"), "which depends on the ranks"),
+    "twice algbw, whatever the ranks": Mistake(_bandwidth("2 * algbw"),
+                                               "which depends on the ranks"),
 }
 
 BANDWIDTH_CASES = ((1e9, 0.5, 8), (4e8, 0.1, 2), (2.5e7, 3e-3, 3), (2.5e7, 3e-3, 4),

@@ -423,7 +423,8 @@ def ddp_buckets(grad_bytes, first_cap, cap):
         buckets.append(current)
     return buckets
 """, "the first bucket has its own cap, first_cap"),
-    "closes past the cap, not at it": Mistake(_buckets(close="size > limit"), "as soon as its size reaches the cap"),
+    "closes past the cap, not at it": Mistake(_buckets(close="size > limit"),
+                                              "as soon as its size reaches the cap"),
     "forgets the last bucket": Mistake(_buckets(leftover=""), "holds what is left"),
     "first_cap for every bucket": Mistake(_buckets(limit="first_cap"),
                                           "every later bucket has the cap `cap`"),

@@ -175,7 +175,8 @@ def _sum_hint(rank: int, name: str, value: float, ranks: List[dict]) -> str:
                 "in different orders, and each all_reduce matched whatever the other ranks "
                 "called at the same position; agree on one order (sorted names)")
     if any(ranks[r]["got"][name] != value for r in range(n)):
-        return " on this rank and something else on another: the result must be the same on every rank"
+        return (" on this rank and something else on another: the result must be the same on "
+                "every rank")
     total = sum(STATS[r][name] for r in range(n))
     if value == total / n:
         return f": the mean over the ranks — the statistics are summed, not averaged"
@@ -309,7 +310,8 @@ def _straggler_hint(got, expected, busy, wait) -> str:
         others = busy[:rank] + busy[rank + 1:]
         typical, mine = statistics.median(others), busy[rank]
         if mine == typical * 1.3:
-            return f" — rank {rank} is exactly 30 percent above: a straggler is more than 30 percent"
+            return (f" — rank {rank} is exactly 30 percent above: a straggler is more than 30 "
+                    "percent")
         if mine - typical == 2:
             return f" — rank {rank} is exactly 2 ms above: at least 2 ms is enough"
         if mine - typical < 2:

@@ -149,8 +149,10 @@ MUTANTS = [
      "    ((10.0, 10.0, 13.0), (3.0, 3.0, 0.5)),  # exactly 30 % more: not more than 30 %\n"
      "    ((5.0, 5.0, 7.0), (2.0, 2.0, 0.5)),  # 40 % more and exactly 2 ms: a straggler\n", ""),
     ("10.stragglers", "no more than three ranks",
-     "    ((3.0, 3.0, 6.0, 6.0), (4.0, 4.0, 1.0, 1.0)),  # two slow of four: each's others median 3\n"
-     "    ((2.0, 2.0, 2.0, 30.0, 9.0), (28.0, 28.0, 28.0, 0.5, 21.0)),  # a mean would hide rank 4\n",
+     "    ((3.0, 3.0, 6.0, 6.0), (4.0, 4.0, 1.0, 1.0)),  # two slow of four: each's others "
+     "median 3\n"
+     "    ((2.0, 2.0, 2.0, 30.0, 9.0), (28.0, 28.0, 28.0, 0.5, 21.0)),  # a mean would hide "
+     "rank 4\n",
      ""),
     ("11.accumulate", "batches that divide only",
      "ACCUMULATE_CASES = ((32, 4), (24, 3), (16, 1), (10, 4), (7, 3), (5, 5))",
@@ -224,7 +226,7 @@ def mutated(exercise_id: str, original: str, mutant: str):
 def _answers(exercise):
     """(kind, name, body): the reference, the other right answers, the catalogue."""
     yield "right", "reference", exercise.reference
-    for i, body in enumerate(RIGHT[exercise.id]):
+    for i, body in enumerate(RIGHT.get(exercise.id, [])):
         yield "right", f"right {i}", body
     for name, mistake in exercise.mistakes.items():
         yield "mistake", name, mistake.body

@@ -1,12 +1,12 @@
 """Four plausible wrong answers the checkers once called correct, as a learner wrote them:
 each is now rejected, with a message that says why.
 
-| exercise | wrong answer | was told | in fact |
-|---|---|---|---|
-| 01.normalise | the usual `std == 0` guard | correct | a float32 column one ulp apart comes out 0..1.98, not 0 |
-| 08.training_memory | every bias forgotten | correct | 0.6 % low, inside the old 1 % tolerance |
-| 03.average_gradients | `p.grad /= 2` | correct | 1.5 instead of 1.0 on 3 ranks |
-| 09.ring_all_reduce | reduce-scatter's index walking `+step` | correct | 4.65 away from all_reduce on 3 ranks |
+- 01.normalise, the usual `std == 0` guard: a float32 column one ulp apart came out
+  0..1.98, not 0;
+- 08.training_memory, every bias forgotten: 0.6 % low, inside the old 1 % tolerance;
+- 03.average_gradients, `p.grad /= 2`: 1.5 instead of 1.0 on 3 ranks;
+- 09.ring_all_reduce, the reduce-scatter's index walking `+step`: 4.65 away from
+  `all_reduce` on 3 ranks.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ shared by all lessons so each dataset is prepared once, with ``KOSMOSS_LESSON_QU
 (lesson 4's experiment at half length; its verdict is still computed and asserted). Each
 exercise cell gets its reference solution and its checker cell must print ``correct``.
 The lessons assert their own claims, so a wrong number fails here. Cheap checks of their
-shape (what you will learn, time, exercises, a GPU note, no number or verdict stated in
-prose) run first.
+shape (what you will learn, time, exercises, a GPU note, no number — in digits, in words
+or as inline code — and no verdict stated in prose) run first.
 """
 from __future__ import annotations
 
@@ -261,7 +261,9 @@ def _end_ghosts() -> list:
     from kosmoss.ghosts.find import KOSMOSS_GHOSTS, find_ghosts
     from kosmoss.ghosts.end import end_ghosts
 
-    ghosts = [g for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]
+    # This lesson's runs only (home None: the current KOSMOSS_HOME, the lesson's own): on a
+    # shared machine another user's or another test's ghosts are theirs to end.
+    ghosts = [g for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS and g.home is None]
     end_ghosts(ghosts, grace=2)
     return [(g.pid, g.kind, g.command[:80]) for g in ghosts]
 
