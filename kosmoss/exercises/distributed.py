@@ -45,8 +45,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-EXERCISE_TIMEOUT_S = 60.0  # one exercise, all its world sizes: many times what a checker takes
-COLLECTIVE_TIMEOUT_S = 20.0  # a rank left waiting in a collective by the others gives up
+EXERCISE_TIMEOUT_S = 120.0  # one exercise, all its world sizes: many times what a checker takes
+COLLECTIVE_TIMEOUT_S = 60.0  # a rank left waiting in a collective by the others gives up
 START_ALLOWANCE_S = 180.0  # fresh interpreters importing torch on a busy laptop
 PRINT_LIMIT_BYTES = 2 ** 20  # what one exercise's processes may print (a debug print is fine)
 TAIL_BYTES = 4096

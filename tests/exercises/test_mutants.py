@@ -268,7 +268,7 @@ def launch():
     """One launch: every distributed exercise's answers, as the ranks returned them."""
     items = [(find(e), body) for e in sorted({m[0] for m in DISTRIBUTED_MUTANTS})
              for _, _, body in _answers(find(e))]
-    checked = run_checks([(e, e.cell(body)) for e, body in items])
+    checked = run_checks([(e, e.cell(body)) for e, body in items], exercise_timeout_s=600)
     outcomes = {}
     for (exercise, _), result in zip(items, checked):
         outcomes.setdefault(exercise.id, []).append(result)
