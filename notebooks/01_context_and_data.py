@@ -180,20 +180,31 @@ plt.show()
 # %% [markdown]
 # Two checks of the physics, computed over the whole dataset: at the top of the
 # atmosphere the downward short-wave flux is the solar irradiance times the cosine of the
-# solar zenith angle, and on the night side (cosine zero) there is no short wave at all.
+# solar zenith angle, to float32 rounding (the generator computes in float64 and stores
+# the irradiance, the cosine and the flux in float32: each stored value is within one
+# float32 step of its exact value); and on the night side (cosine zero) there is no
+# short wave at all, down or up.
 
 # %%
 x_all, y_all = data[np.arange(len(data))]
 all_blocks = schema.unflatten(x_all.numpy(), y_all.numpy())
 sca = variables["sca_inputs"]
-mu = all_blocks["sca_inputs"][:, sca.index("cos_solar_zenith_angle")]
-irradiance = all_blocks["sca_inputs"][:, sca.index("solar_irradiance")]
-sw_down_top = all_blocks["outputs"][:, 0, outputs.index("flux_dn_sw")]
+mu = all_blocks["sca_inputs"][:, sca.index("cos_solar_zenith_angle")].astype(np.float64)
+irradiance = all_blocks["sca_inputs"][:, sca.index("solar_irradiance")].astype(np.float64)
+sw_down_top = all_blocks["outputs"][:, 0, outputs.index("flux_dn_sw")].astype(np.float64)
+top_error = np.abs(sw_down_top - irradiance * mu).max()
+# Three stored roundings (irradiance, cosine, flux), each at most 2^-24 relative; four allowed.
+top_tolerance = 4 * 2.0 ** -24 * (irradiance * mu).max()
+print(f"max |SW down at the top - irradiance * cos(zenith)| = {top_error:.3g} W m-2 "
+      f"(float32 rounding allows {top_tolerance:.3g})")
+assert top_error <= top_tolerance, "SW down at the top is not S * cos(zenith)"
 night = mu == 0
-print(f"max |SW down at the top - irradiance * cos(zenith)| = "
-      f"{np.abs(sw_down_top - irradiance * mu).max():.3g} W m-2")
-print(f"night columns: {night.sum()} of {len(mu)} ({night.mean():.0%}); their largest SW flux: "
-      f"{all_blocks['outputs'][night][..., outputs.index('flux_dn_sw')].max():.3g} W m-2")
+night_sw = all_blocks["outputs"][night][..., [outputs.index("flux_dn_sw"),
+                                             outputs.index("flux_up_sw")]]
+print(f"night columns: {night.sum()} of {len(mu)} ({night.mean():.0%}); their largest SW flux, "
+      f"down or up: {night_sw.max():.3g} W m-2")
+assert night.any() and not night.all(), "the dataset has day and night columns"
+assert night_sw.max() == 0, "a night column carries short-wave flux"
 
 # %% [markdown]
 # ## Why normalisation
@@ -257,6 +268,7 @@ plt.show()
 # counts equally; `forward` de-normalises back to W m-2.
 
 # %%
+from kosmoss.data.stats import Statistics
 from kosmoss.model import LitMLP
 from kosmoss.run.report import mean_baseline_loss
 
@@ -269,13 +281,22 @@ print(f"normalised x: mean {x_norm[:, informative].mean():.3g}, "
       f"std {x_norm[:, informative].std():.3g}")
 assert torch.isfinite(x_norm).all() and abs(float(x_norm[:, informative].std()) - 1) < 0.05
 baseline = mean_baseline_loss(stats)
-print(f"loss of always predicting the mean (normalised MSE): {baseline:.3f}")
-assert 0.5 < baseline <= 1.0  # "about one, a little less": the flux levels that never vary
+# The same bar measured: predict the mean profile for every column and score it.
+y_norm = model.normalize_y(y_all)
+measured_baseline = float((y_norm - model.normalize_y(model.y_mean)).pow(2).mean())
+never_vary = float(Statistics.is_constant(stats.y_std, stats.y_mean).mean())
+print(f"loss of always predicting the mean (normalised MSE): {baseline:.4f} from the "
+      f"statistics, {measured_baseline:.4f} measured on the data; "
+      f"{never_vary:.1%} of the flux levels never vary")
+# float32 normalisation of every target, averaged: a few float32 steps, far below 1e-5
+assert abs(measured_baseline - baseline) < 1e-5, "the statistics do not describe the data"
+assert abs(baseline - (1 - never_vary)) < 1e-6, "each varying level scores one, a constant one 0"
 
 # %% [markdown]
 # The last number is the bar to beat: a model that always predicts the mean flux profile
-# scores about one on normalised targets (a little less, for the flux levels that never
-# vary). Training (next lesson) must get far below it.
+# scores one on every flux level that varies (its error is its own standard deviation)
+# and nothing on the levels that never vary, so the bar is one minus their share, as the
+# cell checks. Training (next lesson) must get far below it.
 #
 # ## With a GPU
 #
@@ -343,7 +364,7 @@ print(f"device: {device}; buffers on {model.x_mean.device}; predicted fluxes {tu
 # `levels + 1` half levels and `levels - 1` interfaces), with the blocks of the
 # `3dcorrection` schema printed in this lesson. The checker compares with
 # `kosmoss.data.schema.ColumnSchema(levels)` for several level counts, the IFS's `137`
-# among them.
+# among them, and the smallest the schema allows, `2`. Counts are integers.
 
 # %%
 # exercise: 01.feature_counts
@@ -357,13 +378,15 @@ from kosmoss.exercises import check; check("01.feature_counts", globals())
 # %% [markdown]
 # **Standardise each input feature, keeping tiny-valued but varying features.**
 #
-# Write `normalise(x)`: `x` is a float tensor of shape (samples, features); return a tensor
-# of the same shape where each feature (column) is centred by its mean and divided by its
-# standard deviation over the samples. A feature is *constant* only when its standard
-# deviation is at most `1e-6` times its mean absolute value (exactly zero included):
-# constant features become `0`, never NaN. Mixing ratios of trace gases are around 1e-10
-# and vary by a fraction of a percent: they are not constant. The checker feeds a batch
-# with features of every kind and compares feature by feature.
+# Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a
+# tensor of the same shape where each feature (column) is centred by its mean and divided
+# by its standard deviation over the samples (either convention, over `n` or `n - 1`). A
+# feature is *constant* when its standard deviation is at most `1e-6` times its mean
+# absolute value (exactly zero included): constant features become exactly `0`, never
+# NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
+# percent: they are not constant. A surface pressure whose samples differ by one float32
+# step is constant. The checker feeds a float32 batch with features of every kind,
+# negative ones included, and compares feature by feature.
 
 # %%
 # exercise: 01.normalise

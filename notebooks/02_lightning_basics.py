@@ -22,7 +22,7 @@
 # - how to train on one CPU process, then test the trained model on data it never saw;
 # - that a checkpoint alone predicts in W m-2, and what `trainup_cpu.py` adds on top.
 #
-# Time: ~20 min; the cells run in ~2 min on 2 CPU cores
+# Time: ~20 min; the cells run in ~5 min on 2 CPU cores
 
 # %%
 import csv
@@ -138,7 +138,10 @@ print(f"{type(model).__name__}: {parameters:,} parameters, "
       f"{parameters * 4 / 2**20:.1f} MiB in float32; layers: {model.net}")
 started = time.perf_counter()
 trainer.fit(model, datamodule=datamodule)
-print(f"fit: {trainer.global_step} steps in {time.perf_counter() - started:.1f} s")
+batches_per_epoch = -(-len(datamodule.indices["train"]) // datamodule.batch_size)  # none dropped
+print(f"fit: {trainer.global_step} steps in {time.perf_counter() - started:.1f} s "
+      f"({trainer.max_epochs} epochs of {batches_per_epoch} batches)")
+assert trainer.global_step == trainer.max_epochs * batches_per_epoch, "one step per batch"
 
 # %% [markdown]
 # ## Test after fit
@@ -178,20 +181,30 @@ plt.show()
 #
 # The Trainer's default checkpoint callback saved the weights of the last epoch. Loading
 # them needs no dataset:
-# the normalisation buffers are inside, and `forward` returns fluxes in W m-2.
+# the normalisation buffers are inside, and `forward` returns fluxes in W m-2. The
+# restored model predicts the same values as the trained one in memory, and scores on the
+# whole test split what `trainer.test` reported.
 
 # %%
 checkpoint = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
 restored = LitMLP.load_from_checkpoint(checkpoint)
 restored.eval()
+model.eval()
 datamodule.setup()
-x, y = datamodule.data[datamodule.indices["test"][:256]]
+x, y = datamodule.data[datamodule.indices["test"]]
 with torch.no_grad():
     fluxes = restored(x)
+    in_memory = model(x)
+restored_rmse = float(torch.sqrt(torch.mean((fluxes - y) ** 2)))
 print(f"checkpoint {checkpoint}")
 print(f"hyperparameters saved with it: {dict(restored.hparams)}")
-print(f"RMSE of the restored model on test columns: "
-      f"{torch.sqrt(torch.mean((fluxes - y) ** 2)):.1f} W m-2")
+print(f"largest difference from the model in memory: "
+      f"{float((fluxes - in_memory).abs().max()):.3g} W m-2")
+print(f"RMSE of the restored model on the {len(x)} test columns: {restored_rmse:.3f} W m-2 "
+      f"(trainer.test: {scores['test_rmse_wm2']:.3f})")
+assert torch.equal(fluxes, in_memory), "the checkpoint holds other weights or statistics"
+# The same squared errors, summed in another order (all at once against batch by batch).
+assert abs(restored_rmse - scores["test_rmse_wm2"]) < 1e-4 * scores["test_rmse_wm2"]
 
 # %% [markdown]
 # ## What `trainup_cpu.py` adds
@@ -214,6 +227,9 @@ sh([sys.executable, script("trainup_cpu.py"), "--dataset", "small", "--max-epoch
 result = json.loads(out.read_text())
 print({k: result[k] for k in ("world_size", "accelerator", "global_step", "test_loss",
                               "train_samples_per_s", "run_dir")})
+assert result["world_size"] == 1 and result["accelerator"] == "cpu"
+assert result["global_step"] == batches_per_epoch, "one epoch of the same split, batch 128"
+assert result["test_loss"] < baseline, "one epoch already beats predicting the mean"
 
 # %% [markdown]
 # ## With a GPU
@@ -233,6 +249,7 @@ quick.fit(LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats),
 if accelerator == "cpu":
     print("no GPU here: trained on the CPU; with one, the same cell runs on cuda:0")
 print(f"trained {quick.global_step} steps on {quick.strategy.root_device}")
+assert quick.global_step == quick.max_steps
 
 # %% [markdown]
 # ## Exercises
@@ -290,9 +307,10 @@ print(f"trained {quick.global_step} steps on {quick.strategy.root_device}")
 #
 # Write `predict_wm2(checkpoint_path, x)`: load the `LitMLP` saved at `checkpoint_path`
 # (no dataset, no statistics at hand: they are in the checkpoint's buffers) and return its
-# prediction for the columns `x` (a float tensor, one flattened column per row) in W m-2,
+# prediction for the columns `x` (a float32 tensor, one flattened column per row; a batch
+# may hold a single column) as a tensor in W m-2, of shape (columns, targets), computed
 # without tracking gradients. The checker saves a small model with known statistics and
-# compares your fluxes with the model's.
+# compares your fluxes with the model's, to float32 rounding.
 
 # %%
 # exercise: 02.predict_wm2
@@ -311,11 +329,12 @@ from kosmoss.exercises import check; check("02.predict_wm2", globals())
 # **Say how many optimizer steps `trainer.fit` takes.**
 #
 # Write `optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1)`: the
-# `trainer.global_step` after `fit` on one process, with `n_train` training columns in
-# batches of `batch_size` (the last batch of an epoch may be smaller; none is dropped),
-# `epochs` epochs, and one optimizer step every `accumulate_grad_batches` batches (and at
-# the end of every epoch). The checker runs a real Lightning `Trainer` on tiny data for
-# several set-ups and compares.
+# `trainer.global_step` (an integer) after `fit` on one process, with `n_train` training
+# columns in batches of `batch_size` (the last batch of an epoch may be smaller; none is
+# dropped), `epochs` epochs, and one optimizer step every `accumulate_grad_batches`
+# batches (and at the end of every epoch). The checker runs a real Lightning `Trainer` on
+# tiny data for several set-ups — batches that do not divide, more accumulation than an
+# epoch has batches, fewer columns than a batch — and compares.
 
 # %%
 # exercise: 02.optimizer_steps

@@ -20,7 +20,7 @@
 #   every batch, and an all-reduce that averages the gradients so every replica takes the
 #   same step;
 # - the difference between the per-process batch and the effective (global) batch;
-# - why PyTorch's older `DataParallel` (DP) lost to DDP, and why Lightning 2 kept only DDP;
+# - why PyTorch's older `DataParallel` (DP) lost to DDP, and why Lightning 2 dropped DP;
 # - how to run two CPU processes from a notebook (Lightning's notebook launcher) and from
 #   a terminal with `trainup_cpu.py`, and check that the ranks end with identical weights.
 #
@@ -69,10 +69,27 @@ scratch = scratch_folder("lesson03-")
 #    so the replicas stay identical without sending weights again.
 #
 # Gradients are not all that moves: by default DDP also broadcasts rank 0's **buffers**
-# at the start of every forward pass (`forward_sync_buffers`, called `broadcast_buffers`
-# before torch 2.13), for modules such as batch norm whose buffers change while training.
-# `LitMLP`'s buffers are its normalisation statistics, which never change, so
-# `DDPStrategy(broadcast_buffers=False)` would save that broadcast here.
+# at the start of every forward pass, for modules such as batch norm whose buffers change
+# while training. `LitMLP`'s buffers are its normalisation statistics, which never
+# change, so turning that broadcast off would save it here — with the flag the installed
+# torch names for it, which the cell below reads from DDP's own signature (torch 2.13
+# renamed it: the old spelling still works but warns, and, set to `False`, also skips
+# the broadcast of buffers when DDP wraps the model, so replicas could start apart).
+# Lightning passes any such keyword of `DDPStrategy` on to DDP.
+
+# %%
+import inspect
+
+from torch.nn.parallel import DistributedDataParallel
+
+ddp_flags = inspect.signature(DistributedDataParallel.__init__).parameters
+buffer_flag = "forward_sync_buffers" if "forward_sync_buffers" in ddp_flags else "broadcast_buffers"
+print(f"torch {torch.__version__}: DDPStrategy({buffer_flag}=False) stops the per-forward "
+      "buffer broadcast")
+if buffer_flag == "forward_sync_buffers":
+    print("broadcast_buffers is its deprecated spelling: it warns, and =False also skips the "
+          "start-up broadcast of the buffers")
+assert buffer_flag in ddp_flags
 #
 # Because the loss is a mean over the batch, the average of the shards' gradients *is*
 # the gradient of the whole global batch. Let us check that by hand with
@@ -115,19 +132,37 @@ single = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
 loss_of(single, x_batch, y_batch).backward()
 full = [p.grad for p in single.parameters()]
 
+# The exact gradient, in float64: how far float32 takes each computation from it.
+exact_model = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
+exact_model.load_state_dict(single.state_dict())
+exact_model = exact_model.double()
+loss_of(exact_model, x_batch.double(), y_batch.double()).backward()
+exact = [p.grad for p in exact_model.parameters()]
+
+
+def farthest(grads, reference):
+    return max(float((g.double() - r).abs().max()) for g, r in zip(grads, reference))
+
+
 for r, grads in enumerate(ranks):
     print(f"rank {r}: rows {grads['rows'][0]}..{grads['rows'][1] - 1} of the batch")
-print(f"the ranks' own gradients differ: max |g0 - g1| = "
-      f"{(ranks[0]['local'] - ranks[1]['local']).abs().max():.3g}")
-print(f"after the all-reduce, rank 0 vs rank 1: max difference "
-      f"{max((a - b).abs().max().item() for a, b in zip(*(g['averaged'] for g in ranks))):.3g}")
-print(f"averaged gradient vs one process on the whole batch: max difference "
-      f"{max((a - b).abs().max().item() for a, b in zip(ranks[0]['averaged'], full)):.3g}")
+own_gap = float((ranks[0]["local"] - ranks[1]["local"]).abs().max())
+print(f"the ranks' own gradients differ: max |g0 - g1| = {own_gap:.3g}")
+ranks_gap = max(float((a - b).abs().max()) for a, b in zip(*(g["averaged"] for g in ranks)))
+print(f"after the all-reduce, rank 0 vs rank 1: max difference {ranks_gap:.3g}")
+averaged_error, single_error = farthest(ranks[0]["averaged"], exact), farthest(full, exact)
+print(f"from the exact (float64) whole-batch gradient: the averaged one is {averaged_error:.2g} "
+      f"away, one process's float32 one {single_error:.2g}")
+assert own_gap > 0 and ranks_gap == 0, "the all-reduce gives every rank the same gradient"
+# Both sum the same 64 per-column terms in float32, grouped differently: a few times the
+# single process's own rounding, no more.
+assert averaged_error <= 4 * single_error + 1e-9, "averaged gradient != whole-batch gradient"
 
 # %% [markdown]
 # The ranks computed different gradients on their shards; after the all-reduce they
-# hold the same one, equal (up to float rounding) to the gradient of the whole batch
-# computed by a single process.
+# hold the same one, equal to the gradient of the whole batch up to float32 rounding —
+# no farther from the exact one than a single process's own float32 gradient, as the
+# cell asserts.
 #
 # ## Sharding the data: per-process batch and effective batch
 #
@@ -144,6 +179,7 @@ for rank in range(2):
 seen = np.concatenate([np.concatenate(list(RankBatchSampler(indices, 4, rank=r, world_size=2,
                                                              seed=0))) for r in range(2)])
 print(f"every index exactly once over both ranks: {sorted(seen.tolist()) == indices.tolist()}")
+assert sorted(seen.tolist()) == indices.tolist(), "an index missed or served twice"
 
 # %% [markdown]
 # So two numbers matter. The **per-process batch** is what one rank's forward pass
@@ -152,12 +188,18 @@ print(f"every index exactly once over both ranks: {sorted(seen.tolist()) == indi
 # global (effective) batch and divide it, and refuse a batch that does not divide:
 
 # %%
-for line in plan(256, 1e-3, num_nodes=1, devices_per_node=2).lines():
+from kosmoss.core.errors import UsageError
+
+split = plan(256, 1e-3, num_nodes=1, devices_per_node=2)
+for line in split.lines():
     print(line)
+assert split.per_device_batch_size * split.world_size == 256
 try:
     plan(250, 1e-3, devices_per_node=4)
-except Exception as err:  # a UsageError: the one-line message a user sees
+except UsageError as err:  # the one-line message a user sees
     print(f"\n{type(err).__name__}: {err}")
+else:
+    raise AssertionError("a global batch of 250 over 4 ranks was accepted")
 
 # %% [markdown]
 # ## DP versus DDP
@@ -175,13 +217,21 @@ except Exception as err:  # a UsageError: the one-line message a user sees
 # make DP slow, and it cannot span several machines. DDP runs one process per device,
 # sends the weights once, then gradients (overlapped with the backward pass) and
 # buffers, and works the same on one host or many. PyTorch's documentation recommends
-# DDP even on a single machine; Lightning 2 removed its DP strategy altogether:
+# DDP even on a single machine; Lightning 2 removed its DP strategy, and kept the others
+# (DDP and its launchers, FSDP, DeepSpeed, XLA), as its registry of strategies says:
 
 # %%
+from pytorch_lightning.strategies import StrategyRegistry
+
+registered = StrategyRegistry.available_strategies()
+print("strategies:", ", ".join(sorted({name.split("_")[0] for name in registered})))
+assert "dp" not in registered and {"ddp", "fsdp", "deepspeed"} <= set(registered)
 try:
     pl.Trainer(strategy="dp", accelerator="cpu", devices=2)
 except ValueError as err:
     print(f"ValueError: {err}")
+else:
+    raise AssertionError("Lightning accepted strategy='dp'")
 
 # %% [markdown]
 # ## Two processes from the notebook
@@ -258,12 +308,16 @@ two = results[2]
 print(f"\nreplica checksums {two['replica_checksums']}: identical = {two['replicas_identical']}")
 ratio = two["train_samples_per_s"] / results[1]["train_samples_per_s"]
 print(f"throughput of 2 processes / 1 process: {ratio:.2f}")
+apart = abs(two["test_loss"] - results[1]["test_loss"]) / results[1]["test_loss"]
+print(f"test losses {two['test_loss']:.4f} and {results[1]['test_loss']:.4f}: {apart:.2%} apart")
+assert two["global_step"] == results[1]["global_step"], "the same steps on the same data"
 
 # %% [markdown]
-# Read the two lines: the same global batch and number of steps, so both runs see the
-# same data and reach a similar loss (not the same bits: the order of the floating-point
-# sums differs). The throughput ratio says little about DDP here, since both runs share
-# the same cores; the cell below says what decided it on this machine.
+# Read the two lines: the same global batch and number of steps (the cell checks it), so
+# both runs see the same data and take the same steps; their losses differ by what the
+# cell prints, not by nothing: the order of the floating-point sums differs, and training
+# carries that difference along. The throughput ratio says little about DDP here, since
+# both runs share the same cores; the cell below says what decided it on this machine.
 
 # %%
 from kosmoss.devices.cpus import available_cores, cores_per_process
@@ -330,7 +384,7 @@ print(f"2 ranks on {accelerator} over {share.backend}: train loss "
 # 2. In the by-hand experiment, give rank 1 a different seed before building the model.
 #    What does that break, and which step of real DDP prevents it?
 # 3. Run `trainup_cpu.py --num-processes 2 --batch-size 127`. What happens, and why
-#    is that better than silently training with a batch of `126`?
+#    is that better than silently training with the largest multiple of the ranks below it?
 #
 # <details><summary>Solution</summary>
 #
@@ -361,8 +415,9 @@ print(f"2 ranks on {accelerator} over {share.backend}: train loss "
 # that rank's shard of the batch; it must replace every parameter's `.grad` by the average
 # of that gradient over all ranks, in place, with `torch.distributed.all_reduce` (the
 # process group is already initialised; `dist.get_world_size()` says how many ranks).
-# The checker runs your cell in two gloo processes and compares your gradients with those
-# DistributedDataParallel computes for the same model and shards, layer by layer.
+# The checker runs your cell at 2, 3 and 4 gloo processes (the shards are not all the
+# same size) and compares your gradients with those DistributedDataParallel computes for
+# the same model and shards, layer by layer, to float32 rounding.
 
 # %%
 # exercise: 03.average_gradients
@@ -382,11 +437,12 @@ from kosmoss.exercises import check; check("03.average_gradients", globals())
 # **Split a global batch over the ranks, refusing what does not divide.**
 #
 # Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
-# columns one rank's forward pass sees when `--batch-size` is the global batch and the
-# world is `num_nodes × devices_per_node` ranks. When the global batch cannot be split
-# evenly (not a multiple of the world size, or fewer columns than ranks), raise a
-# `ValueError` that says why, instead of training with another batch than the one asked
-# for. The checker compares with `kosmoss.scaling.plan` on a range of set-ups.
+# columns (an integer) one rank's forward pass sees when `--batch-size` is the global
+# batch and the world is `num_nodes × devices_per_node` ranks. When the global batch
+# cannot be split evenly (not a multiple of the world size, or fewer columns than ranks),
+# raise a `ValueError` whose message says why, instead of training with another batch than
+# the one asked for. The checker compares with what `kosmoss.scaling.arithmetic.plan`
+# accepts and refuses on a range of set-ups, without calling it from your cell.
 
 # %%
 # exercise: 03.per_device_batch

@@ -324,17 +324,20 @@ assert np.isclose(one, two, rtol=1e-5)
 # <details><summary>Solution</summary>
 #
 # ```python
-# # 1. 201 columns on 3 ranks divide evenly: no padding. Try N_VAL = 202 instead: one
-# #    column short of 204, so two repeats.
+# # 1. Repeats: the sampler pads up to a multiple of the ranks.
 # RANKS = 3
+# print("repeated:", -(-N_VAL // RANKS) * RANKS - N_VAL)  # 0 when N_VAL divides
+# print("with one more column:", -(-(N_VAL + 1) // RANKS) * RANKS - (N_VAL + 1))
 # padded3 = validate_on_two_ranks(ValidateThreeWays(), "padded3")
 # print(padded3[0]["sync_dist"], exact)
 #
 # # 2. A sum reduction of floats is exact (201.0); only a *mean* of an integer truncates.
 # # 3. Every rank must take the same number of optimizer steps: DDP's all-reduce in a
 # #    step waits for all ranks, so a rank with one batch more would wait forever (or
-# #    until the timeout). Padding, dropping the remainder, or Lightning's join-style
-# #    uneven-input support keep the ranks in step.
+# #    until the timeout). Padding or dropping the remainder keep the ranks in step.
+# #    Plain PyTorch can also let ranks run out of data at different steps, with DDP's
+# #    join() context manager; Lightning has no such option (Lightning issue 3325 asks
+# #    for uneven inputs), so under Lightning the batches must even out.
 # ```
 #
 # </details>
@@ -347,13 +350,13 @@ assert np.isclose(one, two, rtol=1e-5)
 # %% [markdown]
 # **Reduce a validation loss exactly over ranks with uneven shares.**
 #
-# Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional tensor of
-# the per-sample losses of that rank's share of the validation split — and the shares
-# need not be equal. Return the mean over *every* sample of *every* rank (a float or a
-# zero-dimensional tensor), the same on all ranks: the loss one process would compute on
-# the whole split. Use `torch.distributed.all_reduce`. The checker runs your cell in two
-# gloo processes, the first holding five samples and the second three, and compares with
-# the single-process mean (to `1e-6`, relative).
+# Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional float32
+# tensor of the per-sample losses of that rank's share of the validation split — and the
+# shares need not be equal; one may even be empty. Return the mean over *every* sample of
+# *every* rank (a float or a zero-dimensional tensor), the same on all ranks: the loss one
+# process would compute on the whole split. Use `torch.distributed.all_reduce`. The
+# checker runs your cell at 2, 3 and 4 gloo processes holding `5 + 3`, `5 + 3 + 1` and
+# `6 + 0 + 3 + 1` samples, and compares with the single-process mean to float32 rounding.
 
 # %%
 # exercise: metrics.exact_val_loss
@@ -374,7 +377,8 @@ from kosmoss.exercises import check; check("metrics.exact_val_loss", globals())
 # Write `padded_duplicates(n_samples, world_size)`: how many extra, repeated samples
 # `torch.utils.data.DistributedSampler` (with its default `drop_last=False`) adds so that
 # every rank gets the same number — samples a validation metric then counts twice. The
-# checker measures it by running the sampler on every rank for a range of sizes.
+# checker measures it by running the sampler on every rank for a range of sizes: splits
+# that divide evenly, and splits smaller than the world.
 
 # %%
 # exercise: metrics.padding

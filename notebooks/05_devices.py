@@ -23,7 +23,7 @@
 # - how two ranks share one GPU: gloo instead of NCCL, and a share of the memory each;
 # - how to ask a machine what it has: `kosmoss env`.
 #
-# Time: ~15 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~15 min; the cells run in ~2 min on 2 CPU cores
 
 # %%
 import json
@@ -123,12 +123,17 @@ if not torch.cuda.is_available():
 
 # %% [markdown]
 # `--gpu-ids 2,3` is not the same as `CUDA_VISIBLE_DEVICES=2,3`. With `--gpu-ids`, local
-# rank `r` uses the CUDA id `ids[r]`, but every rank still sees every GPU: anything that
-# touches the default device (a library, a stray `.cuda()`) lands on `cuda:0`, another
-# job's GPU perhaps. `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process
-# altogether, and its ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
+# rank `r` uses the CUDA id `ids[r]`, but every rank still sees every GPU. Lightning's
+# CUDA accelerator calls `torch.cuda.set_device` on the rank's GPU when it sets the rank
+# up, so from then on a stray `.cuda()` lands on the rank's own GPU. What still lands on
+# `cuda:0`, another job's GPU perhaps: whatever names it (`device="cuda:0"`), whatever
+# touches CUDA before the Trainer's set-up (at import, in the script before `fit`), and
+# processes the rank starts (data-loading workers, tools), which begin on `cuda:0`.
+# `CUDA_VISIBLE_DEVICES=2,3` hides the other GPUs from the process altogether, and its
+# ranks then say `cuda:0` and `cuda:1`. The two compose: the ids of
 # `--gpu-ids` count *after* the renumbering, so `CUDA_VISIBLE_DEVICES=2,3` with
-# `--gpu-ids 1` is physical GPU `3` (in the order `CUDA_DEVICE_ORDER` sets). Schedulers such
+# `--gpu-ids 1` is the second GPU of that list (in the order `CUDA_DEVICE_ORDER` sets).
+# Schedulers such
 # as Slurm set `CUDA_VISIBLE_DEVICES` for you: there, use the ids from zero.
 #
 # ## Two ranks on one GPU
@@ -140,7 +145,8 @@ if not torch.cuda.is_available():
 # allocations are capped at its share of the GPU's memory
 # (`torch.cuda.set_per_process_memory_fraction`), so that one rank's tensors cannot starve
 # the others. The cap covers only PyTorch's caching allocator: the CUDA context each
-# process creates (a few hundred MiB), and memory that other libraries (NCCL's buffers,
+# process creates (its size depends on the GPU and the libraries loaded), and memory that
+# other libraries (NCCL's buffers,
 # cuDNN or cuBLAS workspaces) allocate outside PyTorch, are not counted in it. Leave room
 # for them.
 
@@ -160,9 +166,10 @@ if torch.cuda.is_available():
     torch.cuda.set_per_process_memory_fraction(0.5, 0)
     try:
         block = torch.empty(int(total * 0.6) // 4, dtype=torch.float32, device="cuda:0")
-        print("allocated 60 % of the GPU despite a 50 % share?")
     except torch.cuda.OutOfMemoryError:
         print(f"a 60 % allocation failed under a 50 % share of {total / 2**30:.0f} GiB, as intended")
+    else:
+        raise AssertionError("allocated 60 % of the GPU despite a 50 % share")
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     torch.cuda.empty_cache()
 else:
@@ -171,7 +178,8 @@ else:
 
 # %% [markdown]
 # Now the real thing: `trainup_gpu.py --gpus 2`. With two GPUs it trains with NCCL, one
-# rank per GPU; with one GPU the two ranks share it over gloo with half the memory each;
+# rank per GPU; with one GPU the two ranks share it over gloo, each capped at its share
+# of the memory (the `sharing` rule above);
 # with none it falls back to CPU, says so, and records the warning in `result.json`.
 
 # %%
@@ -185,7 +193,8 @@ if not torch.cuda.is_available():  # "falls back to CPU, says so, and records th
 
 # %% [markdown]
 # And with `--require-gpu`, the same command refuses to fall back when there is no GPU:
-# exit code `2` and one line, before anything is prepared or written.
+# the exit code of bad input and one line (the cell prints both), before anything is
+# prepared or written.
 
 # %%
 refused = sh([sys.executable, script("trainup_gpu.py"), "--gpus", "2", "--require-gpu",
@@ -221,10 +230,10 @@ print("backends:", {k: v for k, v in facts["backends"].items()},
 #
 # 1. Which row of the decision table does `trainup_gpu.py --require-gpu` on a laptop
 #    without a GPU fall in, and what exactly does it print?
-# 2. Use `decide` to find out what happens when the machine forces GPU `3` but only two
-#    are visible.
+# 2. Use `decide` to find out what happens when the machine forces a GPU index that does
+#    not exist (`MachineGpu("force", 3)` with `gpu_count=2`).
 # 3. Three ranks on two GPUs: which backend and which memory share does `sharing` give,
-#    and why not a third of the memory?
+#    and why is the share not the GPUs divided by the ranks?
 #
 # <details><summary>Solution</summary>
 #
@@ -248,14 +257,15 @@ print("backends:", {k: v for k, v in facts["backends"].items()},
 # Write each answer in the cell that starts with `# exercise:` (keep that first line), run it, then run the checker cell under it: it prints `correct` or what differs. From a terminal, `kosmoss check 05` checks every exercise of this lesson in your saved notebook.
 
 # %% [markdown]
-# **Decide where a run computes, as `kosmoss.devices.decide` does.**
+# **Decide where a run computes, as `kosmoss.devices.policy.decide` does.**
 #
 # Write `device_for(machine, machine_index, run_asks_gpu, visible_gpus)` returning
 # `"cpu"` or `"cuda:N"`. `machine` is the machine's setting: `"none"` (CPU only),
 # `"offer"` (a GPU if the run asks) or `"force"` (a GPU whatever the run asks);
 # `machine_index` picks a GPU (`None`: the first); `visible_gpus` is how many GPUs torch
-# sees. A GPU that is wanted but absent means CPU; an index that does not exist means GPU
-# 0. The checker compares with `decide` on every row of the lesson's decision table.
+# sees. A GPU that is wanted but absent means CPU; an index that does not exist (negative,
+# or not below `visible_gpus`) means GPU 0. The checker compares with `decide` on every
+# row of the decision table, indexes at the edges included.
 
 # %%
 # exercise: 05.device_for
@@ -271,9 +281,11 @@ from kosmoss.exercises import check; check("05.device_for", globals())
 #
 # Write `memory_share(ranks_on_host, gpus_on_host)` returning `(backend, fraction)`: the
 # process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memory each
-# rank may use, when the ranks are spread as evenly as possible over the GPUs. NCCL
-# refuses two ranks on one GPU; gloo accepts CUDA tensors; with no GPU, gloo and a
-# fraction of `1.0`. The checker compares with `kosmoss.devices.sharing`.
+# rank may use, when the ranks are spread as evenly as possible over the GPUs (the busiest
+# GPU sets the share). NCCL refuses two ranks on one GPU; gloo accepts CUDA tensors; with
+# no GPU, gloo and a fraction of `1.0`. The checker compares with
+# `kosmoss.devices.policy.sharing`, as many ranks as GPUs and ranks that do not divide
+# included.
 
 # %%
 # exercise: 05.memory_share

@@ -116,6 +116,8 @@ while any(running(pid) for pid in nodes) and time.monotonic() < deadline:
     time.sleep(0.2)
 print(f"launcher killed; node processes still alive: {[p for p in nodes if running(p)]}; "
       f"port {port} free: {port_is_free(port)}")
+assert not any(running(pid) for pid in nodes), "a node process outlived its launcher"
+assert port_is_free(port), f"MASTER_PORT {port} still held after the launcher died"
 
 # %% [markdown]
 # Who holds `MASTER_PORT` is worth knowing exactly. It is not "the run": it is the
@@ -170,6 +172,7 @@ alive = [pid for pid in workers if running(pid)]
 port = int(psutil.Process(alive[0]).environ()["MASTER_PORT"]) if alive else port
 print(f"torchrun's agent (pid {agent.pid}) killed; its workers still alive: {alive}, holding "
       f"{tree_rss(alive):.0f} MB; their MASTER_PORT {port} free: {port_is_free(port)}")
+assert alive == workers, "torchrun's workers outlive their agent"
 
 # %% [markdown]
 # ## Find it: `kosmoss ghosts`
@@ -191,8 +194,10 @@ listed = json.loads(subprocess.run([sys.executable, "-m", "kosmoss", "ghosts", "
 for ghost in listed:
     print(f"pid {ghost['pid']}: run {ghost['run_id']}, kind {ghost['kind']}, "
           f"killable {ghost['killable']}\n    {ghost['reason']}")
-ghost_pids = sorted(g["pid"] for g in listed if g["kind"] in KOSMOSS_GHOSTS)
+# This course's runs (runs of another KOSMOSS_HOME say which home they belong to).
+ghost_pids = sorted(g["pid"] for g in listed if g["kind"] in KOSMOSS_GHOSTS and not g["home"])
 print(f"\nthe ghosts are the workers the agent left: {ghost_pids == sorted(alive)}")
+assert ghost_pids == sorted(alive), f"ghosts {ghost_pids}, workers left {alive}"
 
 # %% [markdown]
 # ## End it: `kosmoss ghosts --kill`
@@ -211,7 +216,11 @@ print(f"workers alive: {[pid for pid in workers if running(pid)]}")
 print(f"port {port} free again: {port_is_free(port)}")
 print(f"available memory: {memory_before / 1e6:,.0f} MB with the ghosts, "
       f"{memory_after / 1e6:,.0f} MB after (other programs move this number too)")
-print(f"ghosts left: {[g.pid for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]}")
+left = [g.pid for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS and not g.home]
+print(f"ghosts left: {left}")
+assert not any(running(pid) for pid in workers), "--kill left a worker running"
+assert port_is_free(port), f"port {port} still held after --kill"
+assert not left, "a ghost of this course's runs is left"
 
 # %% [markdown]
 # ## The in-process case: a kernel that keeps GPU memory
@@ -222,8 +231,9 @@ print(f"ghosts left: {[g.pid for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]
 # either way. There is no ghost process to end: the kernel itself holds it.
 # `kosmoss.release_memory()` runs the garbage collector, hands PyTorch's cached blocks
 # back to the driver, and says how much is still allocated (then `del` what refers to
-# it). What it cannot free is the **CUDA context** itself — the few hundred MiB every
-# process that initialised CUDA keeps on each GPU it touched, outside PyTorch's cache —
+# it). What it cannot free is the **CUDA context** itself — the memory every process
+# that initialised CUDA keeps on each GPU it touched, outside PyTorch's cache (the
+# recorded GPU run below shows what a ghost worker held) —
 # nor what other libraries allocated: nvitop still shows the kernel on the GPU after
 # `release_memory()`. Only ending the process (restarting the kernel) frees those.
 
@@ -272,7 +282,7 @@ else:
 # The same steps, and more to see: the ghost worker holds GPU memory (its CUDA context and
 # PyTorch's cache), listed by `kosmoss ghosts` with the bytes; `--kill` reports the GPU
 # memory freed; nvitop shows the process disappear; `release_memory()` hands back the
-# cached gigabyte. Without a GPU here, the cell below shows the same experiment as
+# block the cell above allocated. Without a GPU here, the cell below shows the same experiment as
 # kosmoss's GPU check recorded it on one (its device and date are printed).
 
 # %%
@@ -331,11 +341,12 @@ elif gpus():
 # **Find which process holds a port.**
 #
 # A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
-# Write `port_holder(port)`: the pid of the process *listening* on TCP port `port` on this
-# machine, or `None` when nobody listens there. Use `psutil` (its `net_connections`
-# lists every socket with its local address, status and pid). The checker starts a
-# process that listens on a free port, asks your function, and asks again once that
-# process has ended.
+# Write `port_holder(port)`: the pid (an integer) of the process *listening* on TCP port
+# `port` on this machine, or `None` when nobody listens there. Use `psutil` (its
+# `net_connections` lists every socket with its local address, status and pid). The
+# checker starts a process that listens on a free port and asks your function; then that
+# process ends while another one holds the same port number for UDP (which is no TCP
+# listener), and it asks again; then nobody holds it.
 
 # %%
 # exercise: 06.port_holder

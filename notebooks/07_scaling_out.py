@@ -104,7 +104,7 @@ for node, agent in enumerate(agents):
 # course fell into: starting a script **once** with `num_nodes=2` makes that process node
 # 0, and it waits at the rendezvous for node 1, which nobody starts (its log stops at
 # `MEMBER 1/2`): not forever, but for the process group's timeout — printed below,
-# Lightning's default — and then fails with a timeout error, half an hour later. Each
+# Lightning's default — and then fails with a timeout error, that long after. Each
 # node needs its own process with its own `NODE_RANK`, and the same `MASTER_ADDR` and
 # `MASTER_PORT`.
 #
@@ -124,6 +124,9 @@ sh([sys.executable, script("trainup_gpu.py"), "--strategy", "ddp", "--gpus", "1"
 two_nodes = trained(out)
 print({k: two_nodes[k] for k in ("num_nodes", "devices_per_node", "world_size", "backend",
                                  "replicas_identical")})
+assert (two_nodes["num_nodes"], two_nodes["devices_per_node"], two_nodes["world_size"]) == \
+    (2, 1, 2), "two nodes of one process each"
+assert two_nodes["replicas_identical"]
 
 # %% [markdown]
 # ## torchrun
@@ -141,6 +144,8 @@ sh([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-
     "--no-progress", "--result-json", out], env=clean_env())
 under_torchrun = trained(out)
 print({k: under_torchrun[k] for k in ("launcher", "world_size", "backend", "replicas_identical")})
+assert under_torchrun["world_size"] == 2, "torchrun's --nproc-per-node, not kosmoss's default"
+assert under_torchrun["replicas_identical"]
 
 # %% [markdown]
 # ## Slurm: batch script, signals, requeue and resume
@@ -155,7 +160,8 @@ print({k: under_torchrun[k] for k in ("launcher", "world_size", "backend", "repl
 #   many seconds before the time limit (Slurm checks once a minute, so it may come up to
 #   a minute earlier; `B:` in front would signal only the batch shell instead).
 # - At the time limit itself Slurm sends `SIGTERM`, waits `KillWait` seconds (a
-#   cluster setting in `slurm.conf`, often thirty) and then `SIGKILL`; `scancel` does the
+#   cluster setting in `slurm.conf`; `scontrol show config` prints it) and then
+#   `SIGKILL`; `scancel` does the
 #   same. A job that reaches its time limit ends as `TIMEOUT` and is **not** requeued.
 # - `--requeue` only *allows* the job to be requeued: by Slurm when a node fails or a
 #   preemption with `PreemptMode=REQUEUE` takes the nodes (the job gets `SIGTERM` first,
@@ -341,11 +347,11 @@ else:
 # **Convert between global rank and (node rank, local rank).**
 #
 # A job runs `num_nodes × devices_per_node` ranks; torchrun, Slurm and Lightning number
-# them node after node. Write two functions: `rank_of(node_rank, local_rank,
-# devices_per_node)`, the global rank (`RANK`) of local rank `local_rank` on node
-# `node_rank`; and `place_of(rank, devices_per_node)`, the `(node_rank, local_rank)` of
-# global rank `rank` (local rank also picks the GPU on its node). The checker goes through
-# every rank of jobs from `2 × 1` to `4 × 8`.
+# them node after node, from `0`. Write two functions: `rank_of(node_rank, local_rank,
+# devices_per_node)`, the global rank (`RANK`, an integer) of local rank `local_rank` on
+# node `node_rank`; and `place_of(rank, devices_per_node)`, the `(node_rank, local_rank)`
+# of global rank `rank` (local rank also picks the GPU on its node). The checker goes
+# through every rank of jobs from `1 × 4` and `3 × 1` to `4 × 8`.
 
 # %%
 # exercise: 07.rank_arithmetic

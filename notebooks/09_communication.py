@@ -26,7 +26,7 @@
 # - how `kosmoss project` turns these measurements into a prediction for many devices on
 #   many nodes, and how the prediction for two ranks compares with a real run here.
 #
-# Time: ~40 min; the cells run in ~2 min on 2 CPU cores
+# Time: ~40 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import gc
@@ -146,10 +146,12 @@ print("time of one all-reduce on rank 0, by hand / gloo's: "
 # %% [markdown]
 # The sums agree with `dist.all_reduce` to float rounding (the additions happen in
 # another order). The traffic per rank is `2(n-1)/n` of the buffer: each of the
-# `2(n-1)` steps sends one chunk of `1/n` of it. That share **grows toward twice the
-# buffer and never beyond**, whatever the number of ranks — which is why the ring scales.
+# `2(n-1)` steps sends one chunk of `1/n` of it. That share **grows with `n` toward its
+# limit, two buffers' worth as `n` grows, and never beyond**, whatever the number of ranks
+# — which is why the ring scales.
 # (Gloo has a ring of its own, written in C++; the timings above say how the Python one
-# compares on this machine. NCCL chooses between rings and trees by size.)
+# compares on this machine. NCCL chooses among its algorithms — ring, tree, NVLS,
+# CollNet and PAT — by message size and topology.)
 #
 # ## Why `2(n-1)/n` is the "busbw" factor
 #
@@ -169,9 +171,12 @@ for n in (2, 4, 8, 64):
 # ## Measured: `kosmoss comm`
 #
 # `kosmoss comm` starts its own ranks, all-reduces buffers of several sizes back to back
-# (nccl-tests' loop: warm-up, then timed repeats, the slowest rank's time), prints
-# time, algbw and busbw per size, and fits `t(S) = α + β·S`: a latency and a bandwidth.
-# A few sizes here (without `--sizes` the sweep goes from `4K` to `256M`); the cell
+# (nccl-tests' loop: warm-up, then timed repeats), prints time, algbw and busbw per size,
+# and fits `t(S) = α + β·S`: a latency and a bandwidth. Its time is the slowest rank's,
+# since a collective ends when its last rank does; nccl-tests reports the average over the
+# ranks by default (its `-a` option picks rank 0, the average, the minimum or the
+# maximum), so compare with `-a 3` there.
+# A few sizes here (without `--sizes`, `kosmoss comm` sweeps its default range); the cell
 # below also evaluates the fit at the size of the MLP's gradients.
 
 # %%
@@ -205,8 +210,8 @@ print(f"the MLP's gradients, {gradients / 2**20:.2f} MiB: "
 #
 # DDP does not wait for the end of backward to all-reduce the gradients, and it does not
 # all-reduce them one tensor at a time either (one collective per tensor pays the latency
-# `α` for each). It packs them into **buckets** of about `bucket_cap_mb` (`25` MiB by
-# default) in the order backward produces them — the last layer first — and starts a
+# `α` for each). It packs them into **buckets** of about `bucket_cap_mb` (its default is
+# printed below) in the order backward produces them — the last layer first — and starts a
 # bucket's all-reduce as soon as its last gradient is ready, while backward goes on with
 # the earlier layers. After the first step it rebuilds the buckets in the order the
 # gradients actually came (`rebuilt_bucket_sizes` below). The first bucket has a cap of
@@ -354,11 +359,11 @@ assert predicted_gradients_s < measured_step_s / 2, "the all-reduce would domina
 # ## What would eight GPUs × four nodes buy this model?
 #
 # The same cost model, with the links of a typical GPU cluster — `nvlink4` inside a node,
-# InfiniBand NDR (`ib-ndr`) between nodes with eight network cards — and a global batch
-# of `1024`. This machine has no GPU, so the device is *one core of this machine*, the
-# step `kosmoss project` measured above; the cell replays the model for devices one to a
-# thousand times faster than that core. The question is how the answer moves as the
-# device gets faster.
+# InfiniBand NDR (`ib-ndr`) between nodes with eight network cards — and the global batch
+# the cell sets. This machine has no GPU, so the device is *one core of this machine*,
+# the step `kosmoss project` measured above; the cell replays the model for devices from
+# as fast as that core to far faster (the factors are printed). The question is how the
+# answer moves as the device gets faster.
 
 # %%
 core = projection.StepProfile(**answer["profile"])
@@ -367,28 +372,36 @@ cluster = projection.Cluster(1, 1, projection.preset("nvlink4", "--intra"),
                              projection.preset("ib-ndr", "--inter"), nics=8)
 print(f"one core here: {core.forward_backward_s * 1e3:.1f} ms forward+backward and "
       f"{core.optimizer_s * 1e3:.2f} ms Adam at batch {core.batch}")
+GLOBAL_BATCH = 1024
+print(f"global batch {GLOBAL_BATCH}")
 outlook = {}
 for faster in (1, 30, 1000):
     device = replace(core, device="cuda", forward_backward_s=core.forward_backward_s / faster,
                      optimizer_s=core.optimizer_s / faster, fixed_s=core.fixed_s / faster)
-    rows = projection.grid(device, shape, cluster, [1, 8], [1, 4], 1024)
+    rows = projection.grid(device, shape, cluster, [1, 8], [1, 4], GLOBAL_BATCH)
     outlook[faster] = {(r["devices_per_node"], r["nodes"]): r for r in rows}
     big = outlook[faster][(8, 4)]
     print(f"a device {faster:>4}x one core: 8 x 4 = {big['world']} devices, batch "
           f"{big['per_device_batch']:.0f} each: speedup {big['speedup']:5.1f}, efficiency "
           f"{big['efficiency']:.2f}, communication {big['comm_share']:.0%} of the step, "
           f"dominant: {big['dominant']}")
-shares = [outlook[f][(8, 4)]["comm_share"] for f in (1, 30, 1000)]
-assert shares == sorted(shares)  # the faster the device, the larger communication's share
+fastest = max(outlook)
+one_node, four_nodes = outlook[fastest][(8, 1)], outlook[fastest][(8, 4)]
+print(f"for the fastest device the prediction hangs most on {four_nodes['dominant']!r}; "
+      f"four nodes instead of one: speedup {one_node['speedup']:.1f} -> "
+      f"{four_nodes['speedup']:.1f} "
+      f"({'a loss' if four_nodes['speedup'] < one_node['speedup'] else 'a gain'})")
+assert four_nodes["dominant"] in projection.KNOBS
 
 # %% [markdown]
 # Read the three lines from top to bottom: the faster each device, the less time its share
-# of the global batch takes to compute, and the larger the share of the step that is
-# communication; the "dominant" column names the input the prediction hangs on. A global
-# batch shared by many devices leaves each only a few columns: for a device as fast as a
-# GPU, the step is then latency — microseconds per ring hop — more than bandwidth, and
-# adding devices can even lose speed. Weak scaling (`--weak`: the same per-device batch,
-# a larger global batch) is the other answer, with the learning-rate questions of lesson 4.
+# of the global batch takes to compute, while the links stay as fast as they were — so the
+# share of the step that is communication grows; the "dominant" column names the input
+# the prediction hangs on, and the last line what a faster device leaves: a global batch
+# shared by many devices gives each only a few columns, and the step is then the links'
+# latency — microseconds per ring hop — and bandwidth more than the compute. Weak scaling
+# (`--weak`: the same per-device batch, a larger global batch) is the other answer, with
+# the learning-rate questions of lesson 4.
 #
 # ## With a GPU
 #
@@ -427,7 +440,7 @@ else:
 # ## Exercises
 #
 # 1. Run the ring with five ranks. What share of the buffer does each rank send, and what
-#    would it be with a thousand?
+#    would it be with `n = 1000`?
 # 2. In `ddp_steps`, set `bucket_cap_mb=0.01`. How many buckets do you get, and why does
 #    the first layer's weight still travel alone?
 # 3. Replay the outlook with the `25gbe` preset between the nodes instead of InfiniBand:
@@ -437,14 +450,14 @@ else:
 #
 # ```python
 # # 1. on_ranks(ring_versus_all_reduce, 5): 2(n-1)/n = 1.6 of the buffer; with 1000
-# #    ranks 1.998 — the ring's traffic per rank stays below twice the buffer.
+# #    ranks 1.998 — the ring's traffic per rank stays below two buffers' worth.
 # # 2. One bucket per tensor except where tiny tensors (biases) join the next: a bucket
 # #    closes when it reaches the cap, and no gradient is ever split, so the 1.6 MB
 # #    weight is a bucket of its own whatever the cap.
 # # 3. The inter-node all-reduce is 16x slower per byte: for the fast devices the step
 # #    is now mostly the all-reduce across nodes, and a link's bandwidth or latency
 # #    becomes the dominant input.
-cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then rerun the loop
+# cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then rerun the loop
 # ```
 #
 # </details>
@@ -461,12 +474,14 @@ cluster = replace(cluster, inter=projection.preset("25gbe", "--inter"))  # then 
 # place by the sum of that tensor over all ranks, as `dist.all_reduce(tensor)` does — but
 # with point-to-point messages only (`dist.send`/`dist.recv` or `dist.isend`/`dist.irecv`),
 # around a ring: rank `r` sends to rank `(r + 1) % n` and receives from rank `(r - 1) % n`.
-# Cut the tensor into `n` chunks; in the reduce-scatter phase (`n - 1` steps) each rank
-# sends one chunk and adds the one it receives, so that it ends with one chunk summed over
-# all ranks; in the all-gather phase (`n - 1` steps) the summed chunks go round once more.
-# The checker runs your cell in two gloo processes on tensors of several shapes, compares
-# with `dist.all_reduce`, and counts the bytes each rank sends: a ring sends `2(n-1)`
-# messages of one chunk each, `2(n-1)/n` of the buffer in all. Collectives are not allowed.
+# Cut the tensor into `n` chunks (`torch.tensor_split`; some may be one element shorter,
+# or empty when the tensor has fewer elements than ranks); in the reduce-scatter phase
+# (`n - 1` steps) each rank sends one chunk and adds the one it receives, so that it ends
+# with one chunk summed over all ranks; in the all-gather phase (`n - 1` steps) the summed
+# chunks go round once more. The checker runs your cell at 2, 3 and 4 gloo processes on
+# tensors of several shapes, compares with the exact sum to float32 rounding, and counts
+# the messages each rank sends: a ring sends `2(n-1)` messages of one chunk each,
+# `2(n-1)/n` of the buffer in all. Collectives are not allowed.
 
 # %%
 # exercise: 09.ring_all_reduce
@@ -490,8 +505,8 @@ from kosmoss.exercises import check; check("09.ring_all_reduce", globals())
 # so a bucket may go over the cap); the first bucket has cap `first_cap`, every later one
 # `cap`; the last bucket holds what is left. Return the buckets as lists of indices into
 # `grad_bytes`. The checker compares with the function DistributedDataParallel itself
-# calls (`torch.distributed._compute_bucket_assignment_by_size`) on several cases, the
-# sizes of kosmoss's MLP among them.
+# calls on several cases — the sizes of kosmoss's MLP among them, a bucket that reaches
+# its cap exactly, a gradient larger than any cap — without calling it from your cell.
 
 # %%
 # exercise: 09.buckets

@@ -23,9 +23,10 @@
 #   stacks` (where is each rank now?), the start-up check and the collective timeout (the
 #   run names the missing rank itself), `TORCH_DISTRIBUTED_DEBUG=DETAIL` (which collectives
 #   disagree?), `kosmoss ghosts` (what is left, and who holds the port?);
-# - on a GPU, NCCL's flight recorder: each rank's last collectives, dumped on demand.
+# - on a GPU, PyTorch's flight recorder (its NCCL process group): each rank's last
+#   collectives, dumped on demand.
 #
-# Time: ~45 min; the cells run in ~2 min on 2 CPU cores
+# Time: ~45 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import json
@@ -103,8 +104,10 @@ startup_s = 3 if quick() else 10
 absent, absent_log = start("absent", "--absent-rank", 1, "--startup-timeout", startup_s)
 
 patient_dir, sleep_flag = scratch / "patient", scratch / "sleep-now"
+patient_timeout_s = 300  # the run's own collective timeout (faulty_run's --collective-timeout)
 patient, patient_log = start("patient", "--slow-rank", 1, "--slow-ms", 40,
-                             "--sleep-when", sleep_flag)
+                             "--sleep-when", sleep_flag,
+                             "--collective-timeout", patient_timeout_s)
 wait_for(lambda: len(heartbeats(patient_dir)) == 2 if (patient_dir / "heartbeats").exists()
          else False, 120, "both ranks' first heartbeat")
 wait_for(lambda: all((b["busy_ms"] is not None and b["step"] >= 40)
@@ -129,14 +132,15 @@ assert seen.stragglers == [1]
 #
 # Now rank 1 stops for good inside its `training_step` — a deadlock in your code, a read
 # from a file system that never answers, an `input()` left in. Nothing crashes and nothing
-# is printed: rank 0 waits in the all-reduce until the collective timeout, whose default
-# the cell prints. `kosmoss stacks` reads the Python stack of
+# is printed: rank 0 waits in the all-reduce until the run's collective timeout, which
+# the cell prints beside PyTorch's default. `kosmoss stacks` reads the Python stack of
 # every process of the run with py-spy, groups identical stacks, and names the odd one out.
 
 # %%
 from torch.distributed.constants import default_pg_timeout
 
-print(f"PyTorch's default collective timeout: {default_pg_timeout} (gloo)")
+print(f"this run's collective timeout: {patient_timeout_s} s (PyTorch's default for gloo: "
+      f"{default_pg_timeout})")
 sleep_flag.touch()
 wait_for((patient_dir / "sleeping-rank-1").exists, 60, "rank 1 asleep in training_step")
 kosmoss("stacks", patient_dir, "--out", scratch / "stacks.txt")
@@ -226,7 +230,8 @@ assert named_after_s < startup_s + 60
 
 # %% [markdown]
 # In a kosmoss run the same two guards are flags: `--collective-timeout SECONDS` (the
-# timeout every collective gets; `120` s on CPU, `600` s on a GPU) and the start-up check
+# timeout every collective gets; its defaults on CPU and GPU are in docs/cli.md and
+# `python trainup_cpu.py --help`) and the start-up check
 # before training; on a timeout the rank that catches it writes the stacks of every live
 # process into the run's folder (docs/debugging.md).
 #
@@ -295,6 +300,8 @@ try:  # what PyTorch says
     dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5))
 except Exception as err:
     print(f"PyTorch: {type(err).__name__}: {str(err).splitlines()[0]}")
+else:
+    raise AssertionError(f"PyTorch's store started on port {port}, which another process holds")
 taken = sh([sys.executable, script("trainup_cpu.py"), "--num-processes", "2", "--dataset", "tiny"],
            env={**os.environ, "MASTER_PORT": str(port)}, check=False)
 kosmoss("ghosts", "--port", port)
@@ -321,9 +328,11 @@ print(f"holder ended; port {port} free again: {port_is_free(port)}")
 # ## With a GPU
 #
 # NCCL runs collectives asynchronously on the GPU, so a Python stack shows where a rank
-# *queued* its last collective, not where the GPU is. NCCL's **flight recorder** keeps
-# each rank's last collectives (type, sizes, state: scheduled, started, completed) in a
-# ring buffer, and dumps it on a timeout or on demand. kosmoss sets it up on GPU runs
+# *queued* its last collective, not where the GPU is. PyTorch's **flight recorder** — part
+# of its NCCL process group, `ProcessGroupNCCL` — keeps each rank's last collectives
+# (type, sizes, state: scheduled, started, completed) in a ring buffer, and dumps it on a
+# timeout or on demand; `torch.distributed.flight_recorder` reads the dumps. kosmoss sets
+# it up on GPU runs
 # (`kosmoss.diagnose.hang.flight_recorder_env`: the dumps go into the run's folder, and a
 # named pipe per rank dumps at once). The cell below makes one rank run three all-reduces
 # on NCCL, dumps its recorder through the pipe, and lists the entries; read real dumps
@@ -367,7 +376,8 @@ if torch.cuda.is_available():
         rank.kill()
         rank.wait()
 else:
-    print(f"no GPU here: the flight recorder is NCCL's; on a GPU run kosmoss sets "
+    print(f"no GPU here: the flight recorder is PyTorch's NCCL process group's; on a GPU run "
+          f"kosmoss sets "
           f"{sorted(flight_recorder_env(scratch / 'example'))}")
 
 # %% [markdown]
@@ -411,8 +421,9 @@ else:
 # names, each value summed over all ranks, the same on every rank. Use
 # `torch.distributed.all_reduce`. Every collective matches the call with the same position
 # on the other ranks, whatever tensor it was given: the ranks must call them in an order
-# they all agree on. The checker runs your cell in two gloo processes whose dicts hold the
-# names in different orders.
+# they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes, each rank's
+# dict in another order; the values are multiples of `1/8`, so every sum is exact in
+# float32 and float64, and the checker compares exactly.
 
 # %%
 # exercise: 10.sum_stats
@@ -438,7 +449,8 @@ from kosmoss.exercises import check; check("10.sum_stats", globals())
 # larger than the median of the *other* ranks' by more than `30` percent *and* by at least
 # `2` ms (smaller gaps are timer noise). Under DDP every rank makes the same number of
 # steps per second, so step rates cannot tell. The checker compares with `kosmoss watch`'s
-# own code on several sets of ranks.
+# own code on several sets of ranks, two stragglers and both thresholds met exactly among
+# them.
 
 # %%
 # exercise: 10.stragglers

@@ -16,8 +16,8 @@
 # **What you will learn**
 #
 # - where the memory of a training step goes — parameters, gradients, Adam's two states,
-#   and the activations autograd keeps for backward — computed for this model and for one
-#   a thousand times larger, and checked against what a real step allocates;
+#   and the activations autograd keeps for backward — computed for this model and for a
+#   far larger one, and checked against what a real step allocates;
 # - gradient accumulation: the step of a large batch, taken in micro-batches that fit;
 # - what `bf16` mixed precision halves, and what it does not;
 # - ZeRO-1 (stage one of ZeRO) with `torch.distributed.optim.ZeroRedundancyOptimizer`:
@@ -120,16 +120,18 @@ print(f"{'total':>12}: {mib(total)} at batch {BATCH}; "
 
 # %% [markdown]
 # Every line matches to the byte. For this model all of it is a few MiB: memory is not
-# what limits it, on any device (from a few hundred columns per batch on, the activations
-# are the larger part: the first exercise). Now a model a thousand times larger — the
-# same shape, wider hidden layers. The cell finds the width, builds the model on PyTorch's **meta** device (tensors with a shape
-# and a dtype but no storage: nothing is allocated), and runs the same measured step on it.
+# what limits it, on any device (past a batch size the first exercise computes, the
+# activations are the larger part). Now a far larger model — `SCALE` times the
+# parameters, printed below; the same shape, wider hidden layers. The cell finds the
+# width, builds the model on PyTorch's **meta** device (tensors with a shape and a dtype
+# but no storage: nothing is allocated), and runs the same measured step on it.
 
 # %%
 params_small = computed["parameters"] // 4
+SCALE = 1000  # how many times the parameters of the course's model
 width = 100
 while sum(a * b + b for a, b in zip((N_X, width, width, width), (width, width, width, N_Y))) \
-        < 1000 * params_small:
+        < SCALE * params_small:
     width += 1
 big_hidden = (width,) * 3
 with torch.device("meta"):
@@ -147,7 +149,7 @@ print(f"parameters + gradients + Adam: {fixed_big / 2**30:.1f} GiB, whatever the
       f"activations {big_computed['activations'] / BATCH / 2**10:.0f} KiB per sample")
 
 # %% [markdown]
-# Scaling the parameters by a thousand scales the fixed part by as much; the activations
+# Scaling the parameters by `SCALE` scales the fixed part by as much; the activations
 # per sample grow only with the widths. A model that size trains on one large GPU, but
 # its `16P` bytes no longer leave room for much else on a small one: this is where the
 # rest of the lesson starts.
@@ -190,9 +192,9 @@ assert gap < 1e-6 and slice_activations * MICRO == computed["activations"]
 #
 # `bfloat16` keeps float32's exponent range with fewer bits of mantissa: two bytes a
 # number. With `--precision bf16-mixed` (Lightning's `MixedPrecision`, `torch.autocast`)
-# the matrix products run in bf16, so their outputs — the activations — take half the
-# bytes. The parameters, the gradients and Adam's states stay float32: mixed precision
-# halves the activations, not the `16P`. Autocast also keeps a bf16 copy of each weight
+# the matrix products run in bf16, so their outputs — the activations — take two bytes a
+# number instead of four. The parameters, the gradients and Adam's states stay float32:
+# mixed precision halves the activations, not the `16P`. Autocast also keeps a bf16 copy of each weight
 # it multiplies by, for backward. The measurement, the same step with autocast (on CPU
 # too: bf16 is a CPU type as well):
 
@@ -295,8 +297,10 @@ print(f"the MLP's largest rank keeps {mlp_share:.0%} of the state: its first lay
 # instead of on every rank. The states are halved exactly for the model of equal layers.
 # For this MLP they are not: `ZeroRedundancyOptimizer` gives **whole parameters** to the
 # ranks (largest first, each to the rank with the least so far), and the first layer's
-# weight is most of the model. DeepSpeed's ZeRO and PyTorch's FSDP flatten the parameters
-# and cut the flat buffer evenly instead.
+# weight is most of the model. DeepSpeed's ZeRO and PyTorch's first FSDP flatten the
+# parameters into one buffer and cut it evenly; FSDP2 (`fully_shard`) cuts every
+# parameter along its first dimension, so each rank holds a slice of each — evenly
+# spread too, whatever the sizes of the layers.
 #
 # ## FSDP: the parameters and gradients too
 #
@@ -304,7 +308,8 @@ print(f"the MLP's largest rank keeps {mlp_share:.0%} of the state: its first lay
 # a reduce-scatter instead of an all-reduce), and ZeRO-3 — PyTorch's **Fully Sharded
 # Data Parallel** — the parameters themselves: each layer's weights are all-gathered just
 # before its forward and backward, and freed after. Per rank, the `16P` bytes become
-# about `16P / N`, for about one and a half times DDP's communication. In Lightning it is
+# about `16P / N`, for more communication than DDP's (an all-gather of the parameters in
+# forward and again in backward, and a reduce-scatter of the gradients). In Lightning it is
 # `Trainer(strategy=FSDPStrategy(...))`. The cell runs only on a machine with a GPU, the
 # setting FSDP is made for: a short FSDP run of the MLP, with
 # `torch.cuda.max_memory_allocated` on each rank, and a plain step's peak against the
@@ -384,12 +389,12 @@ else:
 #
 # ## Exercises
 #
-# 1. Run `measured_step` at batch one and at batch four thousand: at which batch do the
+# 1. Run `measured_step` at a batch of one and at a large one: at which batch do the
 #    activations pass the batch-independent part for this model?
 # 2. In `ddp_versus_zero`, build `ZeroRedundancyOptimizer` with `parameters_as_bucket_view=True`.
 #    Does the split of the MLP's state change, and why (or why not)?
 # 3. With `N` ranks, how many bytes per rank does each ZeRO stage keep for the
-#    model a thousand times larger (Adam, float32)?
+#    `SCALE` times larger model (Adam, float32)?
 #
 # <details><summary>Solution</summary>
 #
@@ -418,11 +423,13 @@ else:
 # Write `accumulated_step(model, optimizer, x, y, micro_batches)`. It must take exactly the
 # optimizer step that one forward and backward of the mean-squared-error loss on the whole
 # batch `(x, y)` followed by `optimizer.step()` would take — but run the model on
-# `micro_batches` equal slices of the batch, one after the other, so that only one slice's
-# activations are in memory at a time. The batch size is a multiple of `micro_batches`.
-# Start from zeroed gradients. The checker compares your weights after the step with the
-# full batch's (plain SGD, so that any scale error shows), and watches the size of every
-# forward pass.
+# `micro_batches` slices of the batch, one after the other, so that only one slice's
+# activations are in memory at a time. The slices are as equal as `torch.tensor_split`
+# makes them: when the batch does not divide, some are one column longer, so weigh each
+# slice by its share of the batch. The gradients may still hold the previous step's:
+# zero them first. The checker compares your weights after the step with the full
+# batch's (plain SGD, so that any scale error shows) to float32 rounding, and watches the
+# size of every forward pass and every call of `optimizer.step`.
 
 # %%
 # exercise: 11.accumulate
@@ -448,9 +455,9 @@ from kosmoss.exercises import check; check("11.accumulate", globals())
 # this spreads the bytes); a rank keeps the momentum buffers of its own
 # parameters only (in `state`, a dict you fill, kept between calls), updates only those,
 # and then every parameter is broadcast from the rank that owns it, so that all ranks end
-# with the same weights. The checker runs three steps in two gloo processes and compares
-# with `torch.optim.SGD(momentum=0.9)` on one process, and measures what each rank keeps
-# in `state`.
+# with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes and
+# compares with `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and
+# measures what each rank keeps in `state`.
 
 # %%
 # exercise: 11.zero1_step

@@ -61,7 +61,7 @@ build_kosmoss() {
     # pyproject's data-files name docs/*.md, the GPU records and scripts/install_horovod.sh.
     git ls-files -z --cached --others --exclude-standard -- kosmoss pyproject.toml setup.py \
         README.md trainup_cpu.py trainup_gpu.py notebooks slurm 'docs/*.md' \
-        'docs/gpu/*/results.json' scripts/install_horovod.sh |
+        'docs/gpu/*/results.json' 'docs/hosts/*.json' scripts/install_horovod.sh |
         xargs -0 cp --parents -t "$tree" 2>/dev/null
     # A wheel, not the source tree: installing it there needs no setuptools and no index.
     "$PYTHON" -m pip wheel --quiet --no-deps -w "$(realpath "$dir")" "$tree"

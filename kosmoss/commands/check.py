@@ -7,8 +7,9 @@ each, "correct" or what differs. The notebook is only read.
     kosmoss check 03 --notebook my/03_data_parallelism.ipynb --json
 
 Exit code 0: all correct; 1: one is wrong or not answered yet; 2: unknown lesson or
-exercise, no marked cell, or a cell that raises (one line naming the exercise and the
-error). See docs/exercises.md.
+exercise, no marked cell, or a cell that raises, defines another name, runs past the
+checker's time or ends its own process (one line naming the exercise; the other
+exercises are still checked). See docs/exercises.md.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ HELP = "check your answers to a lesson's exercises (--list shows them all)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("lesson", nargs="?", help="01 .. 08, or metrics (the DDP-metrics lab)")
+    parser.add_argument("lesson", nargs="?",
+                        help="01 .. 11, or metrics (the DDP-metrics lab); --list shows them")
     parser.add_argument("exercise", nargs="?",
                         help="one exercise of the lesson, e.g. average_gradients (default: all)")
     parser.add_argument("--notebook", type=Path,
@@ -43,7 +45,7 @@ def check_command(args: argparse.Namespace) -> None:
     if args.list:
         return list_exercises(args.json, args.lesson)
     if args.lesson is None:
-        raise UsageError("give a lesson (01 .. 08, metrics), e.g. `kosmoss check 03`, or --list")
+        raise UsageError("give a lesson (01 .. 11, metrics), e.g. `kosmoss check 03`, or --list")
     from ..exercises.core import catalogue, find
     from ..exercises.judging import judge_sources
     from ..exercises.notebook import code_cells, default_notebook, exercise_cell
@@ -69,7 +71,8 @@ def check_command(args: argparse.Namespace) -> None:
 def _exit_status(verdicts) -> None:
     errors = [v for v in verdicts if v.status == "error"]
     if errors:
-        raise UsageError(f"{errors[0].exercise_id} — {errors[0].message}")
+        more = f" (and {', '.join(v.exercise_id for v in errors[1:])})" if errors[1:] else ""
+        raise UsageError(f"{errors[0].exercise_id} — {errors[0].message}{more}")
     wrong = [v for v in verdicts if not v.correct]
     if wrong:
         raise RunFailed(f"{len(wrong)} of {len(verdicts)} exercise(s) not correct yet: "
@@ -87,7 +90,9 @@ def list_exercises(as_json: bool, lesson: str | None = None) -> None:
         return
     width = max(len(e.id) for e in exercises)
     for exercise in exercises:
-        where = " (2 gloo processes)" if exercise.distributed else ""
+        sizes = [str(size) for size in exercise.world_sizes]
+        where = (f" ({', '.join(sizes[:-1])} and {sizes[-1]} gloo processes)"
+                 if exercise.distributed else "")
         print(f"{exercise.id:{width}s}  {exercise.title}{where}")
 
 

@@ -13,7 +13,8 @@ from ..core.errors import UsageError
 
 HELP = "copy the lessons (notebooks, the scripts they run, the documents they cite) into a working folder"
 DEFAULT_DEST = Path("kosmoss-lessons")
-INSTALL_HINT = 'pip install "kosmoss[lessons]"'
+# kosmoss is installed from its checkout, with the pinned CPU torch (README.md).
+INSTALL_HINT = 'pip install torch==2.13.0 -e ".[lessons]" in the kosmoss checkout'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

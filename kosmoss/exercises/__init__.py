@@ -1,5 +1,6 @@
 """Exercises that check themselves: the learner writes code in a marked cell, a checker
-runs it (distributed ones in 2 real gloo processes) and says "correct" or what differs.
+runs it (distributed ones at 2, 3 and 4 real gloo processes) and says "correct" or what
+differs.
 
 The contract (the lessons and ``kosmoss check`` rely on it):
 
@@ -15,7 +16,7 @@ The contract (the lessons and ``kosmoss check`` rely on it):
   ``correct: 03.average_gradients — ...`` / ``wrong: 03.average_gradients — <what
   differs>`` / ``error: 03.average_gradients — <the error your code raised>``.
   Distributed exercises take the cell's source from IPython's input history (``In``),
-  or from ``inspect.getsource`` of the functions, and run it in 2 gloo processes.
+  or from ``inspect.getsource`` of the functions, and run it at 2, 3 and 4 gloo processes.
 - From a terminal (the learner's notebook is only read, never modified)::
 
       kosmoss check 03                          # every exercise of lesson 03
@@ -28,7 +29,8 @@ The contract (the lessons and ``kosmoss check`` rely on it):
   (the current folder if it holds that folder's manifest, else ``./kosmoss-lessons``);
   when both ``.ipynb`` and ``.py`` are there, the one saved last. Exit code 0: all
   correct; 1: one is wrong (or not answered yet); 2: unknown lesson or exercise, no
-  marked cell, or a cell that raises (one line naming the exercise and the error).
+  marked cell, or a cell that raises, defines another name, hangs, prints megabytes or
+  ends its own process (one line naming the exercise; the others are still checked).
 - ``statement("03.average_gradients")`` is the exercise's markdown (its first line is the
   one-line summary ``--list`` prints); ``skeleton(...)`` the exercise cell to start from;
   ``checker_cell(...)`` the line above; ``exercises(lesson=None)`` the catalogue.
@@ -36,7 +38,8 @@ The contract (the lessons and ``kosmoss check`` rely on it):
 Lessons: ``01`` .. ``11`` and ``metrics`` (the DDP-metrics lab, whose notebook's file name
 contains ``metrics``). Each lesson's module (``lesson01.py`` .. ``lesson11.py``,
 ``metrics.py``) holds its exercises: statement, skeleton, checker, a reference solution
-and at least one wrong solution each; tests/exercises runs the checker on all of them.
+and a catalogue of at least four plausible mistakes each; tests/exercises runs the checker
+on all of them at every world size (docs/exercises.md).
 """
 from __future__ import annotations
 

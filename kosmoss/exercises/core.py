@@ -3,22 +3,28 @@ cell. Judging it (in this process or in gloo ranks) is :mod:`.judging`.
 
 An :class:`Exercise` is judged in one of two ways:
 
-- in this process: ``judge(namespace)`` calls the learner's functions through
+- in one process: ``judge(namespace)`` calls the learner's functions through
   :func:`learner` and returns :func:`passed` or :func:`failed`;
-- in 2 gloo processes (``rank_task`` set): every rank runs the cell's source and
-  ``rank_task(namespace, rank, world_size)``; ``judge(per_rank_results)`` then decides
-  (:mod:`kosmoss.exercises.distributed`).
+- in gloo processes (``rank_task`` set), at each of ``world_sizes`` (2, 3 and 4: at 2 a
+  ring has one step and "divide by 2" is "divide by the world size"): every rank runs the
+  cell's source and ``rank_task(namespace, rank, world_size)``; ``judge(per_rank_results)``
+  then decides, once per world size (:mod:`kosmoss.exercises.distributed`).
+
+Each exercise carries a catalogue of plausible mistakes (:class:`Mistake`, at least four):
+the tests run every one at every world size and check that the verdict names it.
 """
 from __future__ import annotations
 
 import importlib
+import operator
 import re
 import textwrap
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..core.errors import UsageError
+from .guard import Forbidden, raise_if_hit, tripwire
 
 LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "lesson04",
                   "05": "lesson05", "06": "lesson06", "07": "lesson07", "08": "lesson08",
@@ -26,6 +32,18 @@ LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "l
                   "12": "lesson12"}
 MARKER = re.compile(r"^#\s*exercise:\s*(\S+)\s*$")
 CORRECT, WRONG, ERROR = "correct", "wrong", "error"
+WORLD_SIZES = (2, 3, 4)  # a distributed exercise runs at each: see the module's docstring
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A plausible wrong answer: the cell body, a phrase the checker's message must hold
+    (it names the mistake), and the world sizes where it is wrong (None: all of them; a
+    hard-coded world size of 2 is right at 2)."""
+
+    body: str
+    says: str
+    wrong_at: Optional[Tuple[int, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -34,10 +52,12 @@ class Exercise:
     statement: str  # markdown; its first line is the summary `--list` prints
     skeleton_body: str  # the cell the learner starts from, without the marker line
     reference: str  # a correct cell body
-    wrong: Dict[str, str]  # name -> a wrong cell body the checker must reject
+    wrong: Dict[str, Union[str, Mistake]]  # name -> a wrong answer the checker must reject
     judge: Callable[..., Tuple[bool, str]]
-    rank_task: Optional[Callable[[dict, int, int], Any]] = None  # set: runs in 2 gloo ranks
+    rank_task: Optional[Callable[[dict, int, int], Any]] = None  # set: runs in gloo ranks
     names: Tuple[str, ...] = field(default=())  # what the cell must define
+    world_sizes: Tuple[int, ...] = WORLD_SIZES  # where rank_task runs
+    forbidden: Tuple[Forbidden, ...] = ()  # what it is checked against (kosmoss.exercises.guard)
 
     @property
     def lesson(self) -> str:
@@ -54,6 +74,18 @@ class Exercise:
     @property
     def title(self) -> str:
         return self.statement.strip().splitlines()[0].lstrip("#* ").rstrip("*")
+
+    @property
+    def mistakes(self) -> Dict[str, Mistake]:
+        """The catalogue, every entry a :class:`Mistake` (a bare body says nothing)."""
+        return {name: entry if isinstance(entry, Mistake) else Mistake(entry, "")
+                for name, entry in self.wrong.items()}
+
+    def wrong_at(self, name: str) -> Tuple[int, ...]:
+        """World sizes where mistake ``name`` gives a wrong answer ((0,): not distributed)."""
+        if not self.distributed:
+            return (0,)
+        return self.mistakes[name].wrong_at or self.world_sizes
 
     @property
     def skeleton(self) -> str:
@@ -73,6 +105,8 @@ class Verdict:
     exercise_id: str
     status: str  # correct | wrong | error
     message: str
+    # (world size, passed, message) of each world size judged, for a distributed exercise
+    per_world_size: Tuple[Tuple[int, bool, str], ...] = ()
 
     @property
     def correct(self) -> bool:
@@ -99,7 +133,12 @@ class NotAnswered(Exception):
 
 
 class LearnerRaised(Exception):
-    """The learner's code raised: the message names the error and the line of the cell."""
+    """The learner's code raised: the message names the error and the line of the cell;
+    ``original`` is what it raised (a checker that asks for a refusal reads it)."""
+
+    def __init__(self, message: str, original: Optional[BaseException] = None):
+        super().__init__(message)
+        self.original = original
 
 
 def learner(namespace: Dict[str, Any], name: str) -> Callable:
@@ -113,12 +152,15 @@ def learner(namespace: Dict[str, Any], name: str) -> Callable:
 
     def call(*args, **kwargs):
         try:
-            return function(*args, **kwargs)
+            with tripwire() as hits:
+                result = function(*args, **kwargs)
         except NotImplementedError:
             raise NotAnswered(f"not answered yet: `{name}` still raises "
                               "NotImplementedError") from None
-        except Exception as err:
-            raise LearnerRaised(describe_error(err, _code_file(function))) from None
+        except (Exception, SystemExit) as err:  # sys.exit() in a cell ends no checker
+            raise LearnerRaised(describe_error(err, _code_file(function)), err) from None
+        raise_if_hit(hits)
+        return result
 
     call.raw = function
     return call
@@ -143,6 +185,15 @@ def number(value: Any) -> Optional[float]:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def is_integer(value: Any) -> bool:
+    """A count as a learner may return it: int or numpy's integers; not 4128.0, not True."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
 
 
 def show(value: Any) -> str:
@@ -210,14 +261,25 @@ def cell_filename(exercise: Exercise) -> str:
 
 
 def run_cell(exercise: Exercise, source: str) -> Dict[str, Any]:
-    """Execute a cell alone in a fresh namespace; raises LearnerRaised if it raises."""
-    namespace = seeded_namespace()
+    """Execute a cell alone in a fresh namespace; raises LearnerRaised if it raises or
+    does not define what the exercise asks for."""
+    namespace, filename = seeded_namespace(), cell_filename(exercise)
     try:
-        exec(compile(source, cell_filename(exercise), "exec"), namespace)
+        code = compile(source, filename, "exec")
+        with tripwire() as hits:
+            exec(code, namespace)
     except NotImplementedError:
         raise NotAnswered("not answered yet: your cell raises NotImplementedError") from None
-    except Exception as err:
-        raise LearnerRaised(describe_error(err, cell_filename(exercise))) from None
+    except (Exception, SystemExit) as err:
+        raise LearnerRaised(describe_error(err, filename), err) from None
+    raise_if_hit(hits)
+    missing = [name for name in exercise.names if not callable(namespace.get(name))]
+    if missing:
+        defined = sorted(k for k, v in namespace.items()
+                         if callable(v) and getattr(v, "__module__", None) == "__exercise__")
+        raise LearnerRaised(f"your cell does not define `{missing[0]}` (it defines "
+                            f"{', '.join(f'`{n}`' for n in defined) or 'no function'}): "
+                            f"the exercise asks for {', '.join(f'`{n}`' for n in exercise.names)}")
     return namespace
 
 

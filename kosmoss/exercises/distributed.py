@@ -1,19 +1,36 @@
-"""Run learners' cells in 2 real gloo processes, several checks per launch.
+"""Run learners' cells in fresh processes: the distributed exercises at 2, 3 and 4 gloo
+ranks, the others in one process; every exercise within :data:`EXERCISE_TIMEOUT_S`.
 
-``run_in_ranks([(exercise, source), ...])`` starts one ``python -m
-kosmoss.exercises.distributed`` per rank. Not torch.multiprocessing's spawn: it re-runs
-the parent's main script in every child (a learner's script without a ``__main__``
-guard would run again) and asks the kernel for SIGINT, which a rank stuck in gloo does
-not act on, when the parent dies. Here each rank asks for SIGKILL (PR_SET_PDEATHSIG) and
-leaves if its parent is already gone, so no rank outlives the checker.
+``run_checks([(exercise, source), ...])`` starts one launch of as many ``python -m
+kosmoss.exercises.distributed`` processes as the largest world size asked for (4), and
+runs every check in it: a check at 2 or 3 ranks uses the first processes and the others
+wait (importing torch costs seconds per process; one launch of 4 is cheaper than one per
+world size). The exercises judged in one process run last, in process 0.
 
-The ranks share one TCPStore; each check gets its own process group (a PrefixStore on
-it), destroyed afterwards, so a check that breaks its group or times out leaves the next
-one a clean group. Every rank writes its outcomes to a file after each check, so what
-finished comes back even when a later check hangs and the launch is stopped.
+Not torch.multiprocessing's spawn: it re-runs the parent's main script in every child (a
+learner's script without a ``__main__`` guard would run again) and asks the kernel for
+SIGINT, which a rank stuck in gloo does not act on, when the parent dies. Here each
+process asks for SIGKILL (PR_SET_PDEATHSIG) and leaves if its parent is already gone.
+
+What a cell can do to the checker, and what the learner is told (one line each, and the
+next exercises are still checked, in a new launch):
+
+- loop forever, or wait for a rank that never comes: stopped after
+  :data:`EXERCISE_TIMEOUT_S` for the exercise (all its world sizes together); a rank left
+  alone in a collective gives up after :data:`COLLECTIVE_TIMEOUT_S` and says so;
+- end its own process (``os._exit``, a signal): the exercise it was running is named;
+- print megabytes: past :data:`PRINT_LIMIT_BYTES` in one exercise the check is stopped
+  (what the processes print is never shown: a checker answers in one line; the last
+  :data:`TAIL_BYTES` of stderr are kept to explain a crash).
+
+Each check at one world size gets its own process group (a prefix of one TCPStore),
+destroyed afterwards; all processes meet at a barrier after it, so a rank that waits
+for the next check never waits on a slow one. Every process writes its outcomes to a file
+after each check, so what finished comes back when a later check is stopped.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import pickle
@@ -21,69 +38,176 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-WORLD_SIZE = 2
-COLLECTIVE_TIMEOUT_S = 20.0  # a rank left waiting by the other gives up after this
-START_ALLOWANCE_S = 60.0  # two fresh interpreters importing torch on a busy laptop
+EXERCISE_TIMEOUT_S = 120.0  # one exercise, all its world sizes: many times what a checker takes
+COLLECTIVE_TIMEOUT_S = 60.0  # a rank left waiting in a collective by the others gives up
+START_ALLOWANCE_S = 180.0  # fresh interpreters importing torch on a busy laptop
+PRINT_LIMIT_BYTES = 2 ** 20  # what one exercise's processes may print (a debug print is fine)
+TAIL_BYTES = 4096
+POLL_S = 0.1
 PR_SET_PDEATHSIG = 1
+STOPPED = ("raised", "not-answered", "used-reference")  # no point in a larger world size
+LEFT_ALONE = "was left alone in a collective"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # ok | raised | not-answered
+    kind: str  # ok | raised | not-answered | used-reference | skipped
     value: Any = None
 
 
-def run_in_ranks(items: Sequence[Tuple[Any, str]], *, timeout_s: Optional[float] = None,
-                 world_size: int = WORLD_SIZE) -> List[List[Outcome]]:
-    """For each (exercise, source): the outcome on every rank."""
+@dataclass(frozen=True)
+class Task:
+    item: int  # index into the caller's items
+    exercise_id: str
+    source: str
+    world_size: int  # 0: judged in one process
+
+
+@dataclass
+class Checked:
+    """What came back for one (exercise, source): per world size (0 for an exercise
+    judged in one process), every rank's outcome; or why the exercise could not finish."""
+
+    outcomes: Dict[int, List[Outcome]] = field(default_factory=dict)
+    failure: Optional[str] = None
+
+
+def run_checks(items: Sequence[Tuple[Any, str]], *, collective_timeout_s: Optional[float] = None,
+               exercise_timeout_s: Optional[float] = None) -> List[Checked]:
+    """Run every (exercise, source) in fresh processes; one :class:`Checked` each."""
+    limits = (collective_timeout_s or COLLECTIVE_TIMEOUT_S,
+              exercise_timeout_s or EXERCISE_TIMEOUT_S)
+    checked = [Checked() for _ in items]
+    pending = _tasks(items)
+    while pending:
+        finished, failure = _launch(pending, *limits)
+        for task, outcomes in zip(pending, finished):
+            checked[task.item].outcomes[task.world_size] = outcomes
+        if failure is None:
+            break
+        item, why = failure
+        checked[item].failure = why
+        pending = [task for task in pending[len(finished):] if task.item != item]
+    return checked
+
+
+def _tasks(items: Sequence[Tuple[Any, str]]) -> List[Task]:
+    spread = [Task(i, exercise.id, source, size) for i, (exercise, source) in enumerate(items)
+              if exercise.distributed for size in exercise.world_sizes]
+    here = [Task(i, exercise.id, source, 0) for i, (exercise, source) in enumerate(items)
+            if not exercise.distributed]
+    return spread + here  # process 0 judges the others once the ranks are done
+
+
+# ---------------------------------------------------------------- in the checker
+
+
+def _launch(tasks: List[Task], collective_s: float, exercise_s: float):
+    """One launch for ``tasks``: (every rank's outcomes of each task finished, in order;
+    (item, why) of the exercise that stopped the launch, or None)."""
     from ..launch.ports import free_port
 
-    collective_s = timeout_s or COLLECTIVE_TIMEOUT_S
-    job = {"world_size": world_size, "port": free_port(), "parent": os.getpid(),
-           "timeout_s": collective_s,
-           "tasks": [(exercise.id, source) for exercise, source in items]}
-    with tempfile.TemporaryDirectory(prefix="kosmoss-check-") as scratch:
-        (Path(scratch) / "job.pkl").write_bytes(pickle.dumps(job))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 ranks on a laptop's few cores
-        ranks = []
-        for rank in range(world_size):
-            with open(Path(scratch) / f"rank{rank}.err", "wb") as stderr:
-                ranks.append(subprocess.Popen(
-                    [sys.executable, "-m", __name__, scratch, str(rank)], env=env,
-                    stdout=subprocess.DEVNULL, stderr=stderr))
-        failure = _wait(ranks, START_ALLOWANCE_S + collective_s * (len(items) + 1),
-                        Path(scratch))
-        per_rank = [_read(Path(scratch), rank) for rank in range(world_size)]
-    return [[_outcome(per_rank[rank], index, failure) for rank in range(world_size)]
-            for index in range(len(items))]
+    processes = max([task.world_size for task in tasks] + [1])
+    job = {"processes": processes, "port": free_port(), "parent": os.getpid(),
+           "collective_s": collective_s, "tasks": tasks}
+    with tempfile.TemporaryDirectory(prefix="kosmoss-check-") as folder:
+        scratch = Path(folder)
+        (scratch / "job.pkl").write_bytes(pickle.dumps(job))
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # several ranks on a laptop's few cores
+        ranks = [subprocess.Popen([sys.executable, "-m", __name__, folder, str(rank)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) for rank in range(processes)]
+        tails = [(_Tail(rank.stdout), _Tail(rank.stderr)) for rank in ranks]
+        try:
+            failure = _watch(ranks, tails, tasks, scratch, exercise_s)
+        finally:
+            _end(ranks)
+        per_rank = [_read(scratch, rank) for rank in range(processes)]
+    finished = min(len(done) for done in per_rank)
+    outcomes = [[per_rank[rank][t] for rank in range(tasks[t].world_size or 1)]
+                for t in range(finished)]
+    return outcomes, failure
 
 
-def _wait(ranks: List[subprocess.Popen], limit_s: float, scratch: Path) -> Optional[str]:
-    """Wait for the ranks; kill them past ``limit_s`` or on an interrupt. Returns why
-    they failed, if they did."""
-    deadline = time.monotonic() + limit_s
-    try:
-        for rank in ranks:
-            rank.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return f"the {len(ranks)} processes did not finish within {limit_s:.0f} s"
-    finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-            rank.wait()
-    for index, rank in enumerate(ranks):
-        if rank.returncode != 0:
-            text = (scratch / f"rank{index}.err").read_text(errors="replace")
-            lines = [line for line in text.splitlines() if line.strip()]
-            return f"a rank failed: {lines[-1] if lines else f'exit code {rank.returncode}'}"
+def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
+    """Follow the launch task by task; stop it when an exercise runs past its time or a
+    process ends before the last task. Returns (item, why) of that exercise, or None."""
+    started = time.monotonic()
+    current, since, printed = None, None, 0
+    while True:
+        counts = [_count(scratch, rank) for rank in range(len(ranks))]
+        ended = _ended(ranks, counts, len(tasks))
+        if ended is not None:
+            rank, code = ended
+            said = tails[rank][1].last_line()
+            if counts[rank] is None:  # it never started: no learner's code ran yet
+                return tasks[0].item, (f"the checker's process {rank} could not start "
+                                       f"(exit code {code}: {said or 'no message'})")
+            return tasks[min(counts[rank], len(tasks) - 1)].item, _ended_why(rank, code, said)
+        if current is not None and _printed(tails) - printed > PRINT_LIMIT_BYTES:
+            return current, (f"printed more than {PRINT_LIMIT_BYTES // 2 ** 20} MiB: the "
+                             "checker shows none of it — take the prints out of the loops")
+        if None in counts:  # still importing torch, meeting at the store
+            if time.monotonic() - started > START_ALLOWANCE_S:
+                return tasks[0].item, (f"the checker's processes did not start within "
+                                       f"{START_ALLOWANCE_S:.0f} s (a very busy machine?)")
+        elif min(counts) == len(tasks):
+            return None
+        elif tasks[min(counts)].item != current:
+            current, since, printed = tasks[min(counts)].item, time.monotonic(), _printed(tails)
+        elif time.monotonic() - since > exercise_s:
+            return current, (f"did not finish within {exercise_s:.0f} s (the checker's time "
+                             "for one exercise): does your code loop forever, or wait for a "
+                             "rank that never calls the same collective?")
+        time.sleep(POLL_S)
+
+
+def _printed(tails) -> int:
+    return sum(tail.total for pair in tails for tail in pair)
+
+
+def _ended(ranks, counts, total: int):
+    """(rank, exit code) of a process that ended before its last task, if one did."""
+    for rank, (process, count) in enumerate(zip(ranks, counts)):
+        code = process.poll()
+        if code is not None and (count or 0) < total:  # its results are in: not a failure
+            return rank, code
     return None
+
+
+def _ended_why(rank: int, code: int, last_line: str) -> str:
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+           else f"exited with code {code}")
+    said = f" ({last_line})" if last_line else ""
+    if "gloo" in last_line and "size" in last_line:  # gloo's own check on a message
+        return (f"gloo ended the checker's process {rank}: a rank received a message of "
+                "another size than the buffer it gave recv — the ranks disagree on which "
+                f"chunk they exchange{said}")
+    return (f"the checker's process {rank} {how} while running your code{said}: does your "
+            "cell end its own process (os._exit, sys.exit in a thread, a signal)?")
+
+
+def _end(ranks) -> None:
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+    for rank in ranks:
+        rank.wait()
+
+
+def _count(scratch: Path, rank: int) -> Optional[int]:
+    """Tasks rank ``rank`` has finished; None until it has started."""
+    try:
+        return int((scratch / f"rank{rank}.count").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _read(scratch: Path, rank: int) -> list:
@@ -93,34 +217,78 @@ def _read(scratch: Path, rank: int) -> list:
         return []
 
 
-def _outcome(done: list, index: int, failure: Optional[str]) -> Outcome:
-    if index < len(done):
-        return done[index]
-    return Outcome("raised", failure or "this rank stopped before the check ran")
+class _Tail:
+    """The last bytes a process writes to a pipe and how many in all, read as it writes
+    (it never blocks on a full pipe, and megabytes of output cost no memory)."""
+
+    def __init__(self, pipe):
+        self._kept = collections.deque(maxlen=TAIL_BYTES)
+        self.total = 0
+        self._thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, pipe) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            self._kept.extend(chunk)
+            self.total += len(chunk)
+        pipe.close()
+
+    def last_line(self) -> str:
+        self._thread.join(timeout=1)
+        text = bytes(self._kept).decode(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1][:200] if lines else ""
 
 
-# ---------------------------------------------------------------- in each rank
+# ---------------------------------------------------------------- in each process
 
 
 def main(scratch: str, rank: int) -> None:
-    job = pickle.loads((Path(scratch) / "job.pkl").read_bytes())
+    folder = Path(scratch)
+    job = pickle.loads((folder / "job.pkl").read_bytes())
     _die_with_parent(job["parent"])
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    world_size, timeout = job["world_size"], timedelta(seconds=job["timeout_s"])
-    store = dist.TCPStore("127.0.0.1", job["port"], world_size, is_master=rank == 0,
-                          timeout=timedelta(seconds=START_ALLOWANCE_S))
-    done = []
-    for index, (exercise_id, source) in enumerate(job["tasks"]):
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"check{index}", store),
-                                rank=rank, world_size=world_size, timeout=timeout)
-        try:
-            done.append(_run_task(exercise_id, source, rank, world_size, job["timeout_s"]))
-        finally:
-            dist.destroy_process_group()
-        _write(Path(scratch), rank, done)
+    processes = job["processes"]
+    store = None
+    if processes > 1:
+        store = dist.TCPStore("127.0.0.1", job["port"], processes, is_master=rank == 0,
+                              timeout=timedelta(seconds=START_ALLOWANCE_S))
+    done: List[Outcome] = []
+    _write(folder, rank, done)
+    for index, task in enumerate(job["tasks"]):
+        done.append(_run_task(task, index, rank, store, job["collective_s"]))
+        if task.world_size:
+            _barrier(store, index, processes)
+        _write(folder, rank, done)
+
+
+def _run_task(task: Task, index: int, rank: int, store, collective_s: float) -> Outcome:
+    import torch.distributed as dist
+
+    if task.world_size == 0:
+        return _judge_here(task) if rank == 0 else Outcome("skipped")
+    if rank >= task.world_size or store.check([f"stop{task.item}"]):
+        return Outcome("skipped")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"task{index}", store), rank=rank,
+                            world_size=task.world_size, timeout=timedelta(seconds=collective_s))
+    try:
+        outcome = _rank_task(task, rank, collective_s)
+    finally:
+        dist.destroy_process_group()
+    if outcome.kind in STOPPED:
+        store.set(f"stop{task.item}", outcome.kind)
+    return outcome
+
+
+def _barrier(store, index: int, processes: int) -> None:
+    """Every process finishes check ``index`` before any starts the next (the checker
+    stops a launch that waits too long)."""
+    if store.add(f"end{index}", 1) == processes:
+        store.set(f"go{index}", "1")
+    store.wait([f"go{index}"], timedelta(days=1))
 
 
 def _die_with_parent(parent: int) -> None:
@@ -130,32 +298,51 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(1)
 
 
-def _run_task(exercise_id: str, source: str, rank: int, world_size: int,
-              timeout_s: float) -> Outcome:
-    from .core import LearnerRaised, NotAnswered, find, run_cell
+def _guarded(task: Task, judge) -> Outcome:
+    """Run ``judge`` on the cell; what the learner's code did becomes an Outcome."""
+    from .core import LearnerRaised, NotAnswered, find
+    from .guard import UsedReference, guarding
 
-    exercise = find(exercise_id)
+    exercise = find(task.exercise_id)
     try:
-        namespace = run_cell(exercise, source)
-        return Outcome("ok", exercise.rank_task(namespace, rank, world_size))
+        with guarding(exercise.forbidden):
+            return Outcome("ok", judge(exercise))
     except NotAnswered as err:
         return Outcome("not-answered", str(err))
+    except UsedReference as err:
+        return Outcome("used-reference", str(err))
     except LearnerRaised as err:
-        message = str(err)
-        if "gloo" in message or "Timed out" in message:  # the transport, not the learner's
-            message = (f"was left alone in a collective (the other rank did not join it "
-                       f"within {timeout_s:.0f} s): every rank must call the same "
-                       "collectives, in the same order")
-        return Outcome("raised", message)
+        return Outcome("raised", str(err))
     except Exception as err:  # the checker's own code: say so, and let the next check run
         return Outcome("raised", f"the checker failed ({type(err).__name__}: {err}); "
                                  "please report it")
 
 
+def _judge_here(task: Task) -> Outcome:
+    from .core import run_cell
+
+    return _guarded(task, lambda exercise: exercise.judge(run_cell(exercise, task.source)))
+
+
+def _rank_task(task: Task, rank: int, collective_s: float) -> Outcome:
+    from .core import run_cell
+
+    outcome = _guarded(task, lambda exercise: exercise.rank_task(
+        run_cell(exercise, task.source), rank, task.world_size))
+    if outcome.kind == "raised" and ("gloo" in outcome.value or "Timed out" in outcome.value):
+        # The transport's words, not the learner's: say what happened.
+        return Outcome("raised", f"{LEFT_ALONE} (the other ranks did not "
+                                 f"join it within {collective_s:.0f} s): every rank must call "
+                                 "the same collectives, in the same order")
+    return outcome
+
+
 def _write(scratch: Path, rank: int, done: list) -> None:
-    partial = scratch / f"rank{rank}.tmp"
-    partial.write_bytes(pickle.dumps(done))
-    partial.replace(scratch / f"rank{rank}.pkl")  # the parent never reads half a file
+    for name, data in ((f"rank{rank}.pkl", pickle.dumps(done)),
+                       (f"rank{rank}.count", str(len(done)).encode())):
+        partial = scratch / (name + ".tmp")
+        partial.write_bytes(data)
+        partial.replace(scratch / name)  # the checker never reads half a file
 
 
 if __name__ == "__main__":

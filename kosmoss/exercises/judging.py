@@ -1,5 +1,6 @@
-"""Judging learners' cells: in this process, or in gloo ranks (:mod:`.distributed`), and
-turning what a checker found into one :class:`~.core.Verdict` line."""
+"""Judging learners' cells: in fresh processes (:mod:`.distributed`: the distributed ones
+at 2, 3 and 4 gloo ranks), or in the notebook's own namespace, and turning what a checker
+found into one :class:`~.core.Verdict` line."""
 from __future__ import annotations
 
 import inspect
@@ -8,14 +9,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import UsageError
 from .core import (CORRECT, ERROR, WRONG, Exercise, LearnerRaised, NotAnswered, Verdict, find,
-                   marked_id, run_cell)
-from .distributed import run_in_ranks
+                   marked_id)
+from .distributed import LEFT_ALONE, Checked, run_checks
+from .guard import UsedReference, guarding, imported_reference, verdict_for
 
 
 def verdict(exercise: Exercise, judged: Callable[[], Tuple[bool, str]]) -> Verdict:
+    """Judge in this process (the notebook's namespace), the reference guarded."""
     try:
-        ok, message = judged()
-    except NotAnswered as err:
+        with guarding(exercise.forbidden):
+            ok, message = judged()
+    except (NotAnswered, UsedReference) as err:
         return Verdict(exercise.id, WRONG, str(err))
     except LearnerRaised as err:
         return Verdict(exercise.id, ERROR, str(err))
@@ -23,23 +27,23 @@ def verdict(exercise: Exercise, judged: Callable[[], Tuple[bool, str]]) -> Verdi
 
 
 def judge_sources(items: Sequence[Tuple[Exercise, str]], *,
-                  timeout_s: Optional[float] = None) -> List[Verdict]:
-    """Judge cells given as source, in order. The distributed ones share one launch of
-    2 gloo processes (starting processes costs more than the checks)."""
+                  timeout_s: Optional[float] = None,
+                  exercise_timeout_s: Optional[float] = None) -> List[Verdict]:
+    """Judge cells given as source, in order, each in fresh processes (one launch for all:
+    starting processes costs more than the checks). ``timeout_s``: a collective's."""
     verdicts: Dict[int, Verdict] = {}
     for i, (exercise, source) in enumerate(items):
         if untouched(exercise, source):  # no need to start processes to say so
             verdicts[i] = Verdict(exercise.id, WRONG, "not answered yet: your cell is still "
                                   "the one the lesson ships")
-    spread = [(i, ex, src) for i, (ex, src) in enumerate(items)
-              if ex.distributed and i not in verdicts]
-    for i, (exercise, source) in enumerate(items):
-        if not exercise.distributed and i not in verdicts:
-            verdicts[i] = verdict(exercise, lambda e=exercise, s=source: e.judge(run_cell(e, s)))
-    if spread:
-        outcomes = run_in_ranks([(ex, src) for _, ex, src in spread], timeout_s=timeout_s)
-        for (i, exercise, _), ranks in zip(spread, outcomes):
-            verdicts[i] = verdict(exercise, lambda e=exercise, r=ranks: judge_ranks(e, r))
+        elif imported_reference(source, exercise.forbidden):
+            verdicts[i] = Verdict(exercise.id, WRONG, verdict_for(
+                imported_reference(source, exercise.forbidden)))
+    rest = [i for i in range(len(items)) if i not in verdicts]
+    checked = run_checks([items[i] for i in rest], collective_timeout_s=timeout_s,
+                         exercise_timeout_s=exercise_timeout_s)
+    for i, result in zip(rest, checked):
+        verdicts[i] = judge_checked(items[i][0], result)
     return [verdicts[i] for i in range(len(items))]
 
 
@@ -47,14 +51,59 @@ def untouched(exercise: Exercise, source: str) -> bool:
     return source.split() == exercise.skeleton.split()
 
 
-def judge_ranks(exercise: Exercise, ranks) -> Tuple[bool, str]:
-    """Every rank ran; raise what a rank raised (timeouts explained), else judge."""
-    for rank, outcome in enumerate(ranks):
-        if outcome.kind == "not-answered":
-            raise NotAnswered(outcome.value)
-        if outcome.kind == "raised":
-            raise LearnerRaised(f"rank {rank}: {outcome.value}")
-    return exercise.judge([outcome.value for outcome in ranks])
+def judge_checked(exercise: Exercise, result: Checked) -> Verdict:
+    """The verdict on what came back from the processes."""
+    if result.failure:
+        return Verdict(exercise.id, ERROR, result.failure)
+    if not exercise.distributed:
+        return _in_process(exercise, result.outcomes[0][0])
+    judged = []
+    for size in exercise.world_sizes:
+        stopped = _stopped(exercise, size, result.outcomes.get(size, []))
+        if stopped:
+            return stopped
+        ok, message = _judge_ranks(exercise, result.outcomes[size])
+        judged.append((size, ok, message))
+    return _combined(exercise, tuple(judged))
+
+
+def _in_process(exercise: Exercise, outcome) -> Verdict:
+    if outcome.kind == "ok":
+        ok, message = outcome.value
+        return Verdict(exercise.id, CORRECT if ok else WRONG, message)
+    return Verdict(exercise.id, ERROR if outcome.kind == "raised" else WRONG, outcome.value)
+
+
+def _stopped(exercise: Exercise, size: int, outcomes) -> Optional[Verdict]:
+    """A rank that raised, was not answered, or used the reference: that is the verdict
+    (a rank's own error first: the others were then left alone in a collective)."""
+    order = sorted(range(len(outcomes)), key=lambda r: outcomes[r].kind == "raised"
+                   and outcomes[r].value.startswith(LEFT_ALONE))
+    for rank in order:
+        outcome = outcomes[rank]
+        if outcome.kind in ("raised", "not-answered", "used-reference"):
+            status = ERROR if outcome.kind == "raised" else WRONG
+            where = f"at {size} ranks, rank {rank}: " if outcome.kind == "raised" else ""
+            return Verdict(exercise.id, status, where + outcome.value)
+    return None
+
+
+def _judge_ranks(exercise: Exercise, outcomes) -> Tuple[bool, str]:
+    try:
+        return exercise.judge([outcome.value for outcome in outcomes])
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as err:
+        # What the learner returned is not what the statement asks for.
+        return False, f"the checker could not read what your code returned ({err})"
+
+
+def _combined(exercise: Exercise, judged) -> Verdict:
+    for size, ok, message in judged:
+        if not ok:
+            return Verdict(exercise.id, WRONG, f"at {size} ranks: {message}", judged)
+    sizes = [str(size) for size, _, _ in judged]
+    where = f"at {', '.join(sizes[:-1])} and {sizes[-1]} ranks" if len(sizes) > 1 \
+        else f"at {sizes[0]} ranks"
+    return Verdict(exercise.id, CORRECT, f"{where}: {judged[-1][2]}", judged)
 
 
 def check_in_notebook(exercise_id: str, namespace: Optional[Dict[str, Any]]) -> bool:
@@ -66,15 +115,17 @@ def check_in_notebook(exercise_id: str, namespace: Optional[Dict[str, Any]]) -> 
         return False
     if namespace is None:
         namespace = sys._getframe(2).f_globals  # check("id") without globals(): the caller's
-    if exercise.distributed:
-        source = cell_source(exercise, namespace)
-        if source is None:
-            result = Verdict(exercise.id, WRONG, "could not find your cell's code: run the "
-                             f"cell that starts with `# exercise: {exercise.id}` first")
-        else:
-            result = judge_sources([(exercise, source)])[0]
-    else:
+    source = cell_source(exercise, namespace)
+    used = imported_reference(source, exercise.forbidden) if source else None
+    if used:
+        result = Verdict(exercise.id, WRONG, verdict_for(used))
+    elif not exercise.distributed:
         result = verdict(exercise, lambda: exercise.judge(namespace))
+    elif source is None:
+        result = Verdict(exercise.id, WRONG, "could not find your cell's code: run the "
+                         f"cell that starts with `# exercise: {exercise.id}` first")
+    else:
+        result = judge_sources([(exercise, source)])[0]
     print(result.line, flush=True)
     return result.correct
 

@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Iterator
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, Mistake, failed, is_integer, learner, passed
 
 # ---------------------------------------------------------------- 02.predict_wm2
 
@@ -19,22 +19,23 @@ PREDICT_STATEMENT = """\
 
 Write `predict_wm2(checkpoint_path, x)`: load the `LitMLP` saved at `checkpoint_path`
 (no dataset, no statistics at hand: they are in the checkpoint's buffers) and return its
-prediction for the columns `x` (a float tensor, one flattened column per row) in W m-2,
+prediction for the columns `x` (a float32 tensor, one flattened column per row; a batch
+may hold a single column) as a tensor in W m-2, of shape (columns, targets), computed
 without tracking gradients. The checker saves a small model with known statistics and
-compares your fluxes with the model's.
+compares your fluxes with the model's, to float32 rounding.
 """
 
-PREDICT_SKELETON = '''
+PREDICT_SKELETON = """
 import torch
 from kosmoss.model import LitMLP
 
 
 def predict_wm2(checkpoint_path, x):
-    """Fluxes in W m-2 predicted for the columns x by the LitMLP saved at checkpoint_path."""
+    \"\"\"Fluxes in W m-2 predicted for the columns x by the LitMLP saved at checkpoint_path.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-PREDICT_REFERENCE = '''
+PREDICT_REFERENCE = """
 import torch
 from kosmoss.model import LitMLP
 
@@ -44,10 +45,10 @@ def predict_wm2(checkpoint_path, x):
     model.eval()
     with torch.no_grad():
         return model(x)
-'''
+"""
 
 PREDICT_WRONG = {
-    "normalised output": '''
+    "normalised output": Mistake("""
 import torch
 from kosmoss.model import LitMLP
 
@@ -56,8 +57,68 @@ def predict_wm2(checkpoint_path, x):
     model = LitMLP.load_from_checkpoint(checkpoint_path)
     with torch.no_grad():
         return model.net(model.normalize_x(x))
-''',
+""", "normalised outputs"),
+    "tracks gradients": Mistake("""
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    return LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu")(x)
+""", "torch.no_grad()"),
+    "a model with the checkpoint's settings but not its weights": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    saved = torch.load(checkpoint_path, weights_only=False)
+    model = LitMLP(**saved["hyper_parameters"])
+    with torch.no_grad():
+        return model(x)
+""", "load_from_checkpoint"),
+    "normalises x before the model does": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path)
+    with torch.no_grad():
+        return model(model.normalize_x(x))
+""", "normalised twice"),
+    "predicts in bfloat16": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path).to(torch.bfloat16)
+    with torch.no_grad():
+        return model(x.to(torch.bfloat16)).float()
+""", "the rounding of a 16-bit float"),
+    "returns numpy": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path)
+    with torch.no_grad():
+        return model(x).numpy()
+""", "return the tensor"),
+    "squeezes the batch": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path)
+    with torch.no_grad():
+        return model(x).squeeze()
+""", "a batch of a single column"),
 }
+
+PREDICT_BATCHES = (5, 1)  # columns per call: a batch of one is an edge
 
 
 @contextlib.contextmanager
@@ -85,29 +146,72 @@ def _checkpoint() -> Iterator[tuple]:
         yield str(path), model
 
 
+def predict_tolerance(model, x) -> float:
+    """The model's own float32 forward pass against its float64 one: a right answer is a
+    float32 forward pass too, in another order of operations at most. Eight times the
+    largest deviation, and at least 8 float32 steps of the largest flux."""
+    import copy
+
+    import torch
+
+    with torch.no_grad():
+        exact, single = copy.deepcopy(model).double()(x.double()), model(x)
+    deviation = float((single.double() - exact).abs().max())
+    return max(8 * deviation, 8 * torch.finfo(torch.float32).eps * float(exact.abs().max()))
+
+
 def predict_judge(namespace: dict) -> tuple:
     import torch
 
-    x = torch.randn(5, 9, generator=torch.Generator().manual_seed(1))
+    mine = learner(namespace, "predict_wm2")
     with _checkpoint() as (path, model):
-        got = learner(namespace, "predict_wm2")(path, x.clone())
+        for rows in PREDICT_BATCHES:
+            x = torch.randn(rows, 9, generator=torch.Generator().manual_seed(rows))
+            message = _prediction_mistake(mine(path, x.clone()), model, x)
+            if message:
+                return failed(f"for {rows} column(s): {message}")
+    return passed(f"your fluxes equal the model's in W m-2, for batches of "
+                  f"{' and '.join(map(str, PREDICT_BATCHES))} column(s)")
+
+
+def _prediction_mistake(got, model, x):
+    import torch
+
     if not isinstance(got, torch.Tensor):
-        return failed(f"predict_wm2 returned a {type(got).__name__}: return the tensor of fluxes")
+        return f"predict_wm2 returned a {type(got).__name__}: return the tensor of fluxes"
     with torch.no_grad():
         expected = model(x)
         normalised = model.net(model.normalize_x(x))
+        twice = model(model.normalize_x(x))
     if got.shape != expected.shape:
-        return failed(f"your fluxes have shape {tuple(got.shape)}, expected "
-                      f"{tuple(expected.shape)}")
-    gap = float((got.detach() - expected).abs().max())
-    if gap > 1e-4:
-        why = ""
-        if torch.allclose(got.detach(), normalised, atol=1e-5):
-            why = (": these are the network's normalised outputs — de-normalise them "
-                   "(× y_std + y_mean), as LitMLP.forward does")
-        return failed(f"your fluxes differ from the model's by up to {gap:.3g} W m-2{why}")
-    note = "" if not got.requires_grad else " (but they track gradients: use torch.no_grad())"
-    return passed(f"your fluxes equal the model's in W m-2{note}")
+        return (f"your fluxes have shape {tuple(got.shape)}, expected {tuple(expected.shape)} "
+                "— one row per column, even for a batch of a single column")
+    tolerance = predict_tolerance(model, x)
+    gap = float((got.detach().double() - expected.double()).abs().max())
+    if gap > tolerance:
+        return (f"your fluxes differ from the model's by up to {gap:.3g} W m-2 (tolerance "
+                f"{tolerance:.1g})" + _prediction_hint(got.detach(), expected, normalised,
+                                                       twice))
+    if got.requires_grad:
+        return ("your fluxes are right but track gradients (requires_grad): compute them "
+                "under torch.no_grad() — a prediction needs no graph, and keeps none in memory")
+    return None
+
+
+def _prediction_hint(got, expected, normalised, twice) -> str:
+    import torch
+
+    if torch.allclose(got, normalised, atol=1e-4):
+        return (": these are the network's normalised outputs — de-normalise them "
+                "(× y_std + y_mean), as LitMLP.forward does")
+    if torch.allclose(got, twice, atol=1e-3):
+        return ": your input was normalised twice — LitMLP.forward normalises x itself"
+    relative = float((got - expected).abs().max()) / float(expected.abs().max())
+    if 1e-4 < relative < 0.05:  # 2^-8 (bfloat16) to 2^-11 (float16), grown by the layers
+        return (f": off by about {relative:.0e} of the fluxes' size — the rounding of a "
+                "16-bit float (bfloat16 keeps 8 bits): predict in float32")
+    return (": are the checkpoint's weights and statistics loaded? LitMLP.load_from_checkpoint "
+            "restores both")
 
 
 # ---------------------------------------------------------------- 02.optimizer_steps
@@ -116,36 +220,94 @@ STEPS_STATEMENT = """\
 **Say how many optimizer steps `trainer.fit` takes.**
 
 Write `optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1)`: the
-`trainer.global_step` after `fit` on one process, with `n_train` training columns in
-batches of `batch_size` (the last batch of an epoch may be smaller; none is dropped),
-`epochs` epochs, and one optimizer step every `accumulate_grad_batches` batches (and at
-the end of every epoch). The checker runs a real Lightning `Trainer` on tiny data for
-several set-ups and compares.
+`trainer.global_step` (an integer) after `fit` on one process, with `n_train` training
+columns in batches of `batch_size` (the last batch of an epoch may be smaller; none is
+dropped), `epochs` epochs, and one optimizer step every `accumulate_grad_batches`
+batches (and at the end of every epoch). The checker runs a real Lightning `Trainer` on
+tiny data for several set-ups — batches that do not divide, more accumulation than an
+epoch has batches, fewer columns than a batch — and compares.
 """
 
-STEPS_SKELETON = '''
+STEPS_SKELETON = """
 def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
-    """trainer.global_step after fit."""
+    \"\"\"trainer.global_step after fit.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-STEPS_REFERENCE = '''
+STEPS_REFERENCE = """
 import math
 
 
 def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
     batches = math.ceil(n_train / batch_size)
     return math.ceil(batches / accumulate_grad_batches) * epochs
-'''
+"""
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# (name, what it computes, what the learner is told): the mistakes the checker can name.
+STEP_MISTAKES = (
+    ("drops the last partial batch", lambda n, b, e, a: n // b * e // a,
+     "the last, smaller batch of an epoch is not dropped: ceil(n_train / batch_size) batches"),
+    ("forgets the step at the end of an epoch", lambda n, b, e, a: _ceil(n, b) // a * e,
+     "Lightning also steps at the end of every epoch, with the batches accumulated so far"),
+    ("accumulates across epochs", lambda n, b, e, a: _ceil(_ceil(n, b) * e, a),
+     "accumulation does not carry over into the next epoch: count the steps per epoch"),
+    ("forgets the epochs", lambda n, b, e, a: _ceil(_ceil(n, b), a),
+     "that is one epoch's steps: multiply by the epochs"),
+    ("counts batches, not steps", lambda n, b, e, a: _ceil(n, b) * e,
+     "that counts batches: one optimizer step every accumulate_grad_batches batches"),
+)
 
 STEPS_WRONG = {
-    "drops the last partial batch": '''
+    name: Mistake(body, says) for name, body, says in (
+        ("drops the last partial batch", """
 def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
     return n_train // batch_size * epochs // accumulate_grad_batches
-''',
+""", "the last, smaller batch"),
+        ("forgets the step at the end of an epoch", """
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(n_train / batch_size) // accumulate_grad_batches * epochs
+""", "at the end of every epoch"),
+        ("accumulates across epochs", """
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(math.ceil(n_train / batch_size) * epochs / accumulate_grad_batches)
+""", "does not carry over"),
+        ("forgets the epochs", """
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(math.ceil(n_train / batch_size) / accumulate_grad_batches)
+""", "multiply by the epochs"),
+        ("counts batches, not steps", """
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(n_train / batch_size) * epochs
+""", "one optimizer step every accumulate_grad_batches"),
+        ("a float count", """
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(n_train / batch_size / accumulate_grad_batches) * epochs * 1.0
+""", "an integer"),
+    )
 }
 
-STEPS_CASES = ((10, 4, 2, 1), (10, 3, 1, 2), (9, 3, 2, 2), (7, 2, 3, 3), (12, 4, 1, 1))
+STEPS_CASES = ((10, 4, 2, 1), (10, 3, 1, 2), (9, 3, 2, 2), (7, 2, 3, 3), (12, 4, 1, 1),
+               (3, 4, 2, 1), (10, 3, 2, 5))
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,19 +350,31 @@ def measured_steps(n_train: int, batch_size: int, epochs: int, accumulate: int) 
 
 def steps_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "optimizer_steps")
+    answers = {case: mine(*case) for case in STEPS_CASES}
     for case in STEPS_CASES:
-        expected, got = measured_steps(*case), mine(*case)
+        expected, got = measured_steps(*case), answers[case]
+        n, b, e, a = case
+        setup = (f"for {n} columns, batches of {b}, {e} epoch(s), accumulating {a}: yours says "
+                 f"{got!r}")
+        if not is_integer(got):
+            return failed(f"{setup}: a count of steps is an integer (no / in the arithmetic)")
         if got != expected:
-            n, b, e, a = case
-            return failed(f"for {n} columns, batches of {b}, {e} epoch(s), accumulating {a}: "
-                          f"yours says {got!r}, the Trainer took {expected} steps "
-                          f"({math.ceil(n / b)} batches per epoch)")
+            return failed(f"{setup}, the Trainer took {expected} steps ({_ceil(n, b)} "
+                          f"batches per epoch)" + _steps_hint(answers))
     return passed(f"matches a real Trainer in {len(STEPS_CASES)} set-ups")
+
+
+def _steps_hint(answers: dict) -> str:
+    for _, formula, hint in STEP_MISTAKES:
+        if all(formula(*case) == got for case, got in answers.items()):
+            return f": {hint}"
+    return ""
 
 
 EXERCISES = [
     Exercise("02.predict_wm2", PREDICT_STATEMENT, PREDICT_SKELETON, PREDICT_REFERENCE,
              PREDICT_WRONG, predict_judge, names=("predict_wm2",)),
     Exercise("02.optimizer_steps", STEPS_STATEMENT, STEPS_SKELETON, STEPS_REFERENCE,
-             STEPS_WRONG, steps_judge, names=("optimizer_steps",)),
+             STEPS_WRONG, steps_judge, names=("optimizer_steps",),
+             forbidden=("pytorch_lightning.trainer", "lightning.pytorch.trainer")),
 ]

@@ -1,5 +1,5 @@
-"""Lesson 03 (data parallelism): average gradients by hand and match DDP, in 2 gloo
-processes; split a global batch over the ranks as ``kosmoss.scaling.arithmetic.plan`` does.
+"""Lesson 03 (data parallelism): average gradients by hand and match DDP, at 2, 3 and 4
+gloo processes; split a global batch over the ranks as ``kosmoss.scaling.arithmetic.plan`` does.
 
     kosmoss check 03
 """
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import List
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, LearnerRaised, Mistake, failed, is_integer, learner, passed
+from .tolerance import gamma
 
-TOLERANCE = 1e-6  # float32 sums in a different order differ by ~1e-8 here
+ROWS = 10  # the batch: shards of 5 and 5, 3-3-4, 2-3-2-3 rows — uneven at 3 and 4 ranks
 
 
 # ---------------------------------------------------------------- 03.average_gradients
@@ -21,22 +22,23 @@ Write `average_gradients(model)`. It is called on every rank after `loss.backwar
 that rank's shard of the batch; it must replace every parameter's `.grad` by the average
 of that gradient over all ranks, in place, with `torch.distributed.all_reduce` (the
 process group is already initialised; `dist.get_world_size()` says how many ranks).
-The checker runs your cell in two gloo processes and compares your gradients with those
-DistributedDataParallel computes for the same model and shards, layer by layer.
+The checker runs your cell at 2, 3 and 4 gloo processes (the shards are not all the
+same size) and compares your gradients with those DistributedDataParallel computes for
+the same model and shards, layer by layer, to float32 rounding.
 """
 
-AVERAGE_SKELETON = '''
+AVERAGE_SKELETON = """
 import torch
 import torch.distributed as dist
 
 
 def average_gradients(model):
-    """After backward on this rank's shard: every parameter's .grad becomes its
-    average over all ranks (in place)."""
+    \"\"\"After backward on this rank's shard: every parameter's .grad becomes its
+    average over all ranks (in place).\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-AVERAGE_REFERENCE = '''
+AVERAGE_REFERENCE = """
 import torch
 import torch.distributed as dist
 
@@ -47,26 +49,26 @@ def average_gradients(model):
         if parameter.grad is not None:
             dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
             parameter.grad /= world_size
-'''
+"""
 
 AVERAGE_WRONG = {
-    "sum, not average": '''
+    "sum, not average": Mistake("""
 import torch.distributed as dist
 
 
 def average_gradients(model):
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
-''',
-    "divides, never reduces": '''
+""", "the sum over the ranks"),
+    "divides, never reduces": Mistake("""
 import torch.distributed as dist
 
 
 def average_gradients(model):
     for parameter in model.parameters():
         parameter.grad /= dist.get_world_size()
-''',
-    "weights only": '''
+""", "all-reduce it first"),
+    "weights only": Mistake("""
 import torch.distributed as dist
 
 
@@ -75,7 +77,46 @@ def average_gradients(model):
         if name.endswith("weight"):
             dist.all_reduce(parameter.grad)
             parameter.grad /= dist.get_world_size()
-''',
+""", "on layer 0 (bias)"),
+    "divides by 2, the lesson's world size": Mistake("""
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+        parameter.grad /= 2
+""", "divided by 2, not by the world size", wrong_at=(3, 4)),
+    "reduces a copy": Mistake("""
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for parameter in model.parameters():
+        grad = parameter.grad.clone()
+        dist.all_reduce(grad)
+        grad = grad / dist.get_world_size()
+""", "all_reduce writes into the tensor it is given"),
+    "compresses to float16 for the all-reduce": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for parameter in model.parameters():
+        half = parameter.grad.to(torch.float16)  # half the bytes on the wire
+        dist.all_reduce(half)
+        parameter.grad.copy_(half.float() / dist.get_world_size())
+""", "the rounding of a 16-bit float"),
+    "reduce to rank 0 only": Mistake("""
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for parameter in model.parameters():
+        dist.reduce(parameter.grad, dst=0)
+        parameter.grad /= dist.get_world_size()
+""", "every rank must end with the average"),
 }
 
 
@@ -87,8 +128,8 @@ def _tiny_problem(rank: int, world_size: int):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.SiLU(), nn.Linear(5, 3))
     generator = torch.Generator().manual_seed(1)
-    x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 3, generator=generator)
-    rows = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
+    x, y = torch.randn(ROWS, 6, generator=generator), torch.randn(ROWS, 3, generator=generator)
+    rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
     return model, x[rows], y[rows]
 
 
@@ -96,25 +137,63 @@ def _gradients(model) -> List:
     return [parameter.grad.detach().clone() for parameter in model.parameters()]
 
 
+def _parameters(model) -> List:
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
 def average_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     import copy
 
-    import torch
     from torch.nn.functional import mse_loss
     from torch.nn.parallel import DistributedDataParallel
 
     model, x, y = _tiny_problem(rank, world_size)
     replica = copy.deepcopy(model)
-    ddp = DistributedDataParallel(replica)  # the reference first: both ranks always reach it
+    ddp = DistributedDataParallel(replica)  # the reference first: every rank always reaches it
     mse_loss(ddp(x), y).backward()
     expected = _gradients(replica)
     mine = copy.deepcopy(model)
     mse_loss(mine(x), y).backward()
     local = _gradients(mine)
     learner(namespace, "average_gradients")(mine)
-    names = [name for name, _ in model.named_parameters()]
-    return {"names": names, "mine": _gradients(mine), "ddp": expected, "local": local,
-            "world_size": world_size, "dtype": str(torch.get_default_dtype())}
+    return {"names": [name for name, _ in model.named_parameters()], "mine": _gradients(mine),
+            "ddp": expected, "local": local,
+            "moved": any(bool((a != b).any()) for a, b in zip(_parameters(mine),
+                                                               _parameters(model)))}
+
+
+def average_tolerance(locals_: List, index: int):
+    """Per element: the float32 error of averaging n gradients, in any order — n − 1
+    additions and one division, γ_n relative to Σ|g_r| / n (Higham 2002, §4.2) — and
+    one rounding more for DDP's bucket, which divides before it sums."""
+    import torch
+
+    n = len(locals_)
+    total = sum(local[index].double().abs() for local in locals_)
+    return gamma(n + 1) * total / n + torch.finfo(torch.float32).tiny
+
+
+def average_judge(ranks: List[dict]) -> tuple:
+    n = len(ranks)
+    locals_ = [result["local"] for result in ranks]
+    for index, name in enumerate(ranks[0]["names"]):
+        exact = sum(local[index].double() for local in locals_) / n
+        tolerance = average_tolerance(locals_, index)
+        for rank, result in enumerate(ranks):
+            if float((result["ddp"][index].double() - exact).abs().sub(tolerance).max()) > 0:
+                return failed(f"the checker's reference, DDP, is outside its own tolerance on "
+                              f"{_layer(name)}: please report it")
+            mine = result["mine"][index]
+            if mine.shape != exact.shape:
+                return failed(f"rank {rank}: your gradient of {_layer(name)} has shape "
+                              f"{tuple(mine.shape)}, DDP's {tuple(exact.shape)}")
+            gap = (mine.double() - exact).abs()
+            if float((gap - tolerance).max()) > 0:
+                return failed(f"your averaged gradient differs from DDP's by "
+                              f"{float(gap.max()):.1e} on {_layer(name)}, rank {rank}"
+                              + _why(mine.double(), exact, result, index, n, ranks))
+    return passed(f"your averaged gradients equal DDP's on every layer of all {n} ranks, to "
+                  "float32 rounding")
 
 
 def _layer(name: str) -> str:
@@ -122,38 +201,37 @@ def _layer(name: str) -> str:
     return f"layer {module} ({kind})"
 
 
-def average_judge(ranks: List[dict]) -> tuple:
-    worst = (0.0, None, None)
-    for rank, result in enumerate(ranks):
-        for name, mine, ddp, local in zip(result["names"], result["mine"], result["ddp"],
-                                          result["local"]):
-            if mine.shape != ddp.shape:
-                return failed(f"rank {rank}: your gradient of {_layer(name)} has shape "
-                              f"{tuple(mine.shape)}, DDP's {tuple(ddp.shape)}")
-            gap = float((mine - ddp).abs().max())
-            if gap > TOLERANCE:
-                return failed(f"your averaged gradient differs from DDP's by {gap:.1e} on "
-                              f"{_layer(name)}, rank {rank}" + _why(mine, ddp, local,
-                                                                     result["world_size"]))
-            if gap >= worst[0]:
-                worst = (gap, name, rank)
-    return passed(f"your averaged gradients equal DDP's on every layer of both ranks "
-                  f"(largest difference {worst[0]:.1e})")
-
-
-def _why(mine, ddp, local, world_size: int) -> str:
+def _why(mine, exact, result: dict, index: int, n: int, ranks: List[dict]) -> str:
     import torch
 
     def close(a, b):
         return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-7))
 
-    if close(mine, ddp * world_size):
-        return f": it is {world_size}x DDP's — the sum over the ranks; divide by the world size"
+    local = result["local"][index].double()
+    if result["moved"]:
+        return (": your code changed the parameters themselves — average each parameter's "
+                ".grad, not the parameter")
+    for divisor in range(1, 2 * n + 1):
+        if close(mine, exact * n / divisor) and divisor != n:
+            if divisor == 1:
+                return (f": it is {n}x DDP's — the sum over the ranks; divide by the world "
+                        "size")
+            return (f": it is the sum over the ranks divided by {divisor}, not by the world "
+                    f"size ({n}) — ask dist.get_world_size()")
+    others = [r["mine"][index].double() for r in ranks]
+    if any(close(other, exact) for other in others):
+        return (": another rank holds the average, this one does not — every rank must end "
+                "with the average (all_reduce, not reduce)")
     if close(mine, local):
-        return ": it is this rank's own gradient — it was not all-reduced"
-    if close(mine, local / world_size):
-        return (": it is this rank's own gradient divided by the world size — all-reduce "
-                "it first")
+        return (": it is this rank's own gradient — it was not all-reduced (all_reduce "
+                "writes into the tensor it is given: reduce .grad itself)")
+    if close(mine, local / n):
+        return ": it is this rank's own gradient divided by the world size — all-reduce it first"
+    relative = float((mine - exact).abs().max() / exact.abs().max())
+    if relative < 1e-2:  # float16 keeps 11 bits: 5e-4, grown by the sum
+        return (f": off by about {relative:.0e} of the gradient's size — the rounding of a "
+                "16-bit float; DDP all-reduces float32 (a compression hook such as "
+                "fp16_compress_hook trades that accuracy for bytes)")
     return ""
 
 
@@ -163,43 +241,78 @@ BATCH_STATEMENT = """\
 **Split a global batch over the ranks, refusing what does not divide.**
 
 Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
-columns one rank's forward pass sees when `--batch-size` is the global batch and the
-world is `num_nodes × devices_per_node` ranks. When the global batch cannot be split
-evenly (not a multiple of the world size, or fewer columns than ranks), raise a
-`ValueError` that says why, instead of training with another batch than the one asked
-for. The checker compares with `kosmoss.scaling.arithmetic.plan` on a range of set-ups.
+columns (an integer) one rank's forward pass sees when `--batch-size` is the global
+batch and the world is `num_nodes × devices_per_node` ranks. When the global batch
+cannot be split evenly (not a multiple of the world size, or fewer columns than ranks),
+raise a `ValueError` whose message says why, instead of training with another batch than
+the one asked for. The checker compares with what `kosmoss.scaling.arithmetic.plan`
+accepts and refuses on a range of set-ups, without calling it from your cell.
 """
 
-BATCH_SKELETON = '''
+BATCH_SKELETON = """
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
-    """Columns per rank; ValueError when the global batch does not split evenly."""
+    \"\"\"Columns per rank; ValueError when the global batch does not split evenly.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-BATCH_REFERENCE = '''
+BATCH_REFERENCE = """
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     world_size = num_nodes * devices_per_node
     if global_batch_size < world_size or global_batch_size % world_size:
         raise ValueError(f"a global batch of {global_batch_size} does not split over "
                          f"{world_size} ranks: use a multiple of {world_size}")
     return global_batch_size // world_size
-'''
+"""
 
 BATCH_WRONG = {
-    "floor division (the original course)": '''
+    "floor division (the original course)": Mistake("""
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     return global_batch_size // (num_nodes * devices_per_node)
-''',
-    "forgets the nodes": '''
+""", "another batch than the one asked for"),
+    "forgets the nodes": Mistake("""
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     if global_batch_size % devices_per_node:
         raise ValueError("not divisible")
     return global_batch_size // devices_per_node
-''',
+""", "the world is nodes × devices per node"),
+    "true division": Mistake("""
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    if global_batch_size % world_size:
+        raise ValueError(f"{global_batch_size} is not a multiple of {world_size}")
+    return global_batch_size / world_size
+""", "a batch size is an integer"),
+    "checks the remainder only": Mistake("""
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    if global_batch_size % world_size:
+        raise ValueError(f"{global_batch_size} is not a multiple of {world_size}")
+    return global_batch_size // world_size
+""", "no column"),
+    "an assert instead of a ValueError": Mistake("""
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    assert global_batch_size >= world_size and global_batch_size % world_size == 0
+    return global_batch_size // world_size
+""", "raise a ValueError"),
+    "rounds up": Mistake("""
+import math
+
+
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    return math.ceil(global_batch_size / (num_nodes * devices_per_node))
+""", "another batch than the one asked for"),
+    "a refusal that does not say why": Mistake("""
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    if global_batch_size < world_size or global_batch_size % world_size:
+        raise ValueError()
+    return global_batch_size // world_size
+""", "says why"),
 }
 
-BATCH_CASES = ((256, 1, 2), (512, 2, 2), (96, 3, 4), (64, 1, 1), (250, 1, 4), (130, 2, 2),
-               (3, 1, 4), (126, 1, 2))
+BATCH_CASES = ((256, 1, 2), (512, 2, 2), (96, 3, 4), (12, 2, 3), (64, 1, 1), (2, 1, 2),
+               (250, 1, 4), (130, 2, 2), (3, 1, 4), (0, 1, 2), (126, 1, 2))
 
 
 def batch_judge(namespace: dict) -> tuple:
@@ -213,27 +326,47 @@ def batch_judge(namespace: dict) -> tuple:
             expected = plan(global_batch, 1e-3, num_nodes=nodes,
                             devices_per_node=per_node).per_device_batch_size
         except UsageError as refusal:
-            try:
-                got = mine.raw(global_batch, nodes, per_node)
-            except NotImplementedError:
-                mine(global_batch, nodes, per_node)  # reports "not answered yet"
-            except Exception:
-                continue  # refused, as it should
-            return failed(f"for {setup} yours returned {got!r}; kosmoss refuses it "
-                          f"({refusal}) — training on another batch than the one asked for, "
-                          "without a word, was the original course's bug")
+            message = _refused(mine, setup, refusal, (global_batch, nodes, per_node))
+            if message:
+                return failed(message)
+            continue
         got = mine(global_batch, nodes, per_node)
+        if not is_integer(got):
+            return failed(f"for {setup} yours returned {got!r}: a batch size is an integer "
+                          "(a DataLoader refuses a float); use // once you know it divides")
         if got != expected:
+            hint = (": the world is nodes × devices per node"
+                    if got == global_batch // per_node and nodes > 1 else "")
             return failed(f"for {setup} yours returned {got!r}, the per-device batch is "
-                          f"{expected}")
-    return passed(f"your split matches kosmoss.scaling.arithmetic.plan on {len(BATCH_CASES)} set-ups, "
-                  "refusals included")
+                          f"{expected}{hint}")
+    return passed(f"your split matches kosmoss.scaling.arithmetic.plan on {len(BATCH_CASES)} "
+                  "set-ups, refusals included")
+
+
+def _refused(mine, setup: str, refusal, args):
+    """None when the learner refused as the statement asks, else what is wrong."""
+    try:
+        got = mine(*args)
+    except LearnerRaised as raised:
+        err = raised.original
+        if isinstance(err, ValueError) and str(err).strip():
+            return None
+        if isinstance(err, ValueError):
+            return (f"for {setup} yours raised a ValueError with no message: a refusal says "
+                    "why (and what to use instead)")
+        return (f"for {setup} yours raised {type(err).__name__}; raise a ValueError that says "
+                "why (an assert disappears under python -O, and is no message for a user)")
+    hint = " — a rank with no column to train on" if got == 0 else ""
+    return (f"for {setup} yours returned {got!r}{hint}; kosmoss refuses it ({refusal}) — "
+            "training on another batch than the one asked for, without a word, was the "
+            "original course's bug")
 
 
 EXERCISES = [
     Exercise("03.average_gradients", AVERAGE_STATEMENT, AVERAGE_SKELETON, AVERAGE_REFERENCE,
              AVERAGE_WRONG, average_judge, rank_task=average_rank_task,
-             names=("average_gradients",)),
+             names=("average_gradients",), forbidden=("torch.nn.parallel",)),
     Exercise("03.per_device_batch", BATCH_STATEMENT, BATCH_SKELETON, BATCH_REFERENCE,
-             BATCH_WRONG, batch_judge, names=("per_device_batch",)),
+             BATCH_WRONG, batch_judge, names=("per_device_batch",),
+             forbidden=("kosmoss.scaling",)),
 ]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from .core import Exercise, failed, learner, number, passed, show
+from .core import Exercise, LearnerRaised, Mistake, failed, learner, number, passed, show
+from .tolerance import float64_close
 
 # ---------------------------------------------------------------- 05.device_for
 
@@ -19,45 +20,77 @@ Write `device_for(machine, machine_index, run_asks_gpu, visible_gpus)` returning
 `"cpu"` or `"cuda:N"`. `machine` is the machine's setting: `"none"` (CPU only),
 `"offer"` (a GPU if the run asks) or `"force"` (a GPU whatever the run asks);
 `machine_index` picks a GPU (`None`: the first); `visible_gpus` is how many GPUs torch
-sees. A GPU that is wanted but absent means CPU; an index that does not exist means GPU
-0. The checker compares with `decide` on every row of the lesson's decision table.
+sees. A GPU that is wanted but absent means CPU; an index that does not exist (negative,
+or not below `visible_gpus`) means GPU 0. The checker compares with `decide` on every
+row of the decision table, indexes at the edges included.
 """
 
-DEVICE_SKELETON = '''
+DEVICE_SKELETON = """
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
-    """Returns "cpu" or "cuda:N"."""
+    \"\"\"Returns "cpu" or "cuda:N".\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-DEVICE_REFERENCE = '''
+DEVICE_REFERENCE = """
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
     wants = machine == "force" or (machine == "offer" and run_asks_gpu)
     if not wants or visible_gpus == 0:
         return "cpu"
     index = machine_index if machine_index is not None else 0
     return f"cuda:{index if 0 <= index < visible_gpus else 0}"
-'''
+"""
 
 DEVICE_WRONG = {
-    "the run decides": '''
+    "the run decides": Mistake("""
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
     if run_asks_gpu and visible_gpus > 0:
         return f"cuda:{machine_index or 0}"
     return "cpu"
-''',
-    "trusts the index": '''
+""", "keeps every run on CPU"),
+    "trusts the index": Mistake("""
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
     wants = machine == "force" or (machine == "offer" and run_asks_gpu)
     if not wants or visible_gpus == 0:
         return "cpu"
     return f"cuda:{machine_index or 0}"
-''',
+""", "does not exist"),
+    "offer as force": Mistake("""
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    if machine == "none" or visible_gpus == 0:
+        return "cpu"
+    index = machine_index if machine_index is not None else 0
+    return f"cuda:{index if 0 <= index < visible_gpus else 0}"
+""", "only when the run asks"),
+    "off by one at the top": Mistake("""
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    if not wants or visible_gpus == 0:
+        return "cpu"
+    index = machine_index if machine_index is not None else 0
+    return f"cuda:{index if 0 <= index <= visible_gpus else 0}"
+""", "ids 0 to"),
+    "a negative index kept": Mistake("""
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    if not wants or visible_gpus == 0:
+        return "cpu"
+    index = machine_index if machine_index is not None else 0
+    return f"cuda:{index if index < visible_gpus else 0}"
+""", "ids 0 to"),
+    "a GPU even when none is visible": Mistake("""
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    if not wants:
+        return "cpu"
+    index = machine_index if machine_index is not None else 0
+    return f"cuda:{index if 0 <= index < visible_gpus else 0}"
+""", "no GPU is visible"),
 }
 
 
 def device_rows():
     for machine, index, asks, visible in itertools.product(
-            ("none", "offer", "force"), (None, 1, 3), (False, True), (0, 1, 2)):
+            ("none", "offer", "force"), (None, 0, 1, 2, 3, -1), (False, True), (0, 1, 2, 3)):
         yield machine, index, asks, visible
 
 
@@ -70,11 +103,27 @@ def device_judge(namespace: dict) -> tuple:
         policy = decide(MachineGpu(machine, index), asks, gpu_count=visible)
         expected, got = str(policy.device), str(mine(machine, index, asks, visible))
         if got != expected:
-            why = f" ({'; '.join(policy.warnings)})" if policy.warnings else ""
             return failed(f"machine {machine!r} with index {index}, run asks "
                           f"{'yes' if asks else 'no'}, {visible} GPU(s) visible: yours "
-                          f"{got!r}, decide gives {expected!r}{why}")
+                          f"{got!r}, decide gives {expected!r}"
+                          + _device_hint(machine, asks, visible, got, expected))
     return passed(f"all {len(rows)} rows of the decision table match decide")
+
+
+def _device_hint(machine: str, asks: bool, visible: int, got: str, expected: str) -> str:
+    if expected == "cpu" and got.startswith("cuda"):
+        if visible == 0:
+            return ": no GPU is visible — a GPU that is wanted but absent means CPU"
+        if machine == "none":
+            return ": the machine's 'none' keeps every run on CPU, whatever the run asks"
+        return ": 'offer' gives a GPU only when the run asks for one"
+    if got == "cpu":
+        return ": 'force' takes a GPU even when the run does not ask (the machine decides)"
+    index = got.split(":", 1)[-1]
+    if not index.lstrip("-").isdigit() or not 0 <= int(index) < visible:
+        return (f": GPU {index} does not exist with {visible} visible (ids 0 to {visible - 1}):"
+                " an index that does not exist means GPU 0")
+    return ""
 
 
 # ---------------------------------------------------------------- 05.memory_share
@@ -84,18 +133,20 @@ SHARE_STATEMENT = """\
 
 Write `memory_share(ranks_on_host, gpus_on_host)` returning `(backend, fraction)`: the
 process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memory each
-rank may use, when the ranks are spread as evenly as possible over the GPUs. NCCL
-refuses two ranks on one GPU; gloo accepts CUDA tensors; with no GPU, gloo and a
-fraction of `1.0`. The checker compares with `kosmoss.devices.policy.sharing`.
+rank may use, when the ranks are spread as evenly as possible over the GPUs (the busiest
+GPU sets the share). NCCL refuses two ranks on one GPU; gloo accepts CUDA tensors; with
+no GPU, gloo and a fraction of `1.0`. The checker compares with
+`kosmoss.devices.policy.sharing`, as many ranks as GPUs and ranks that do not divide
+included.
 """
 
-SHARE_SKELETON = '''
+SHARE_SKELETON = """
 def memory_share(ranks_on_host, gpus_on_host):
-    """(backend, fraction of a GPU's memory per rank)."""
+    \"\"\"(backend, fraction of a GPU's memory per rank).\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-SHARE_REFERENCE = '''
+SHARE_REFERENCE = """
 import math
 
 
@@ -105,18 +156,18 @@ def memory_share(ranks_on_host, gpus_on_host):
     if ranks_on_host <= gpus_on_host:
         return "nccl", 1.0
     return "gloo", 1.0 / math.ceil(ranks_on_host / gpus_on_host)
-'''
+"""
 
 SHARE_WRONG = {
-    "GPUs over ranks": '''
+    "GPUs over ranks": Mistake("""
 def memory_share(ranks_on_host, gpus_on_host):
     if gpus_on_host == 0:
         return "gloo", 1.0
     if ranks_on_host <= gpus_on_host:
         return "nccl", 1.0
     return "gloo", gpus_on_host / ranks_on_host
-''',
-    "NCCL whenever there is a GPU": '''
+""", "the busiest GPU holds"),
+    "NCCL whenever there is a GPU": Mistake("""
 import math
 
 
@@ -124,10 +175,39 @@ def memory_share(ranks_on_host, gpus_on_host):
     if gpus_on_host == 0:
         return "gloo", 1.0
     return "nccl", 1.0 / math.ceil(ranks_on_host / gpus_on_host)
-''',
+""", "NCCL refuses"),
+    "rounds the ranks per GPU down": Mistake("""
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    if ranks_on_host <= gpus_on_host:
+        return "nccl", 1.0
+    return "gloo", 1.0 / (ranks_on_host // gpus_on_host)
+""", "rounded up"),
+    "as many ranks as GPUs is not one each": Mistake("""
+import math
+
+
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    if ranks_on_host < gpus_on_host:
+        return "nccl", 1.0
+    return "gloo", 1.0 / math.ceil(ranks_on_host / gpus_on_host)
+""", "one rank per GPU"),
+    "divides by zero without a GPU": Mistake("""
+import math
+
+
+def memory_share(ranks_on_host, gpus_on_host):
+    if ranks_on_host <= gpus_on_host:
+        return "nccl", 1.0
+    return "gloo", 1.0 / math.ceil(ranks_on_host / gpus_on_host)
+""", "ZeroDivisionError"),
 }
 
-SHARE_CASES = ((2, 0), (1, 1), (2, 2), (2, 1), (3, 1), (4, 2), (3, 2), (5, 2), (1, 4))
+SHARE_CASES = ((2, 0), (1, 1), (2, 2), (4, 4), (2, 1), (3, 1), (4, 2), (3, 2), (5, 2), (7, 3),
+               (1, 4))
 
 
 def share_judge(namespace: dict) -> tuple:
@@ -136,27 +216,39 @@ def share_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "memory_share")
     for ranks, gpus in SHARE_CASES:
         expected = sharing(ranks, gpus)
-        got = mine(ranks, gpus)
+        setup = f"{ranks} rank(s) on {gpus} GPU(s)"
+        got = _share(mine, ranks, gpus, setup)
         try:
             backend, fraction = got
         except (TypeError, ValueError):
             return failed(f"memory_share({ranks}, {gpus}) returned {got!r}: return "
                           "(backend, fraction)")
-        setup = f"{ranks} rank(s) on {gpus} GPU(s)"
         if backend != expected.backend:
+            why = ("NCCL refuses two ranks on one GPU" if backend == "nccl" and gpus
+                   else expected.reason)
             return failed(f"{setup}: your backend is {backend!r}, kosmoss uses "
-                          f"{expected.backend!r} ({expected.reason})")
-        if number(fraction) is None or not math.isclose(number(fraction),
-                                                        expected.memory_fraction):
+                          f"{expected.backend!r} ({why})")
+        if number(fraction) is None or not float64_close(number(fraction),
+                                                         expected.memory_fraction, 2):
+            busiest = -(-ranks // gpus) if gpus else 0
             return failed(f"{setup}: your share is {show(fraction)}, kosmoss gives "
-                          f"{expected.memory_fraction:.3g}: the busiest GPU holds "
-                          f"{math.ceil(ranks / gpus) if gpus else 0} rank(s)")
+                          f"{expected.memory_fraction:.3g}: the busiest GPU holds {busiest} "
+                          "rank(s) — ranks over GPUs, rounded up")
     return passed(f"matches kosmoss.devices.policy.sharing in {len(SHARE_CASES)} set-ups")
+
+
+def _share(mine, ranks: int, gpus: int, setup: str):
+    try:
+        return mine(ranks, gpus)
+    except LearnerRaised as err:
+        raise LearnerRaised(f"for {setup}: {err}", err.original) from None
 
 
 EXERCISES = [
     Exercise("05.device_for", DEVICE_STATEMENT, DEVICE_SKELETON, DEVICE_REFERENCE,
-             DEVICE_WRONG, device_judge, names=("device_for",)),
+             DEVICE_WRONG, device_judge, names=("device_for",),
+             forbidden=("kosmoss.devices",)),
     Exercise("05.memory_share", SHARE_STATEMENT, SHARE_SKELETON, SHARE_REFERENCE,
-             SHARE_WRONG, share_judge, names=("memory_share",)),
+             SHARE_WRONG, share_judge, names=("memory_share",),
+             forbidden=("kosmoss.devices",)),
 ]

@@ -9,42 +9,43 @@ import subprocess
 import sys
 from typing import Iterator, Tuple
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, Mistake, failed, learner, passed
 
 HOLDER_STATEMENT = """\
 **Find which process holds a port.**
 
 A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
-Write `port_holder(port)`: the pid of the process *listening* on TCP port `port` on this
-machine, or `None` when nobody listens there. Use `psutil` (its `net_connections`
-lists every socket with its local address, status and pid). The checker starts a
-process that listens on a free port, asks your function, and asks again once that
-process has ended.
+Write `port_holder(port)`: the pid (an integer) of the process *listening* on TCP port
+`port` on this machine, or `None` when nobody listens there. Use `psutil` (its
+`net_connections` lists every socket with its local address, status and pid). The
+checker starts a process that listens on a free port and asks your function; then that
+process ends while another one holds the same port number for UDP (which is no TCP
+listener), and it asks again; then nobody holds it.
 """
 
-HOLDER_SKELETON = '''
+HOLDER_SKELETON = """
 import psutil
 
 
 def port_holder(port):
-    """The pid listening on TCP `port`, or None."""
+    \"\"\"The pid listening on TCP `port`, or None.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-HOLDER_REFERENCE = '''
+HOLDER_REFERENCE = """
 import psutil
 
 
 def port_holder(port):
-    for connection in psutil.net_connections(kind="inet"):
+    for connection in psutil.net_connections(kind="tcp"):
         if (connection.laddr and connection.laddr.port == port
                 and connection.status == psutil.CONN_LISTEN):
             return connection.pid
     return None
-'''
+"""
 
 HOLDER_WRONG = {
-    "the remote end's port": '''
+    "the remote end's port": Mistake("""
 import psutil
 
 
@@ -53,32 +54,61 @@ def port_holder(port):
         if connection.raddr and connection.raddr.port == port:
             return connection.pid
     return None
-''',
-    "this process": '''
+""", "local address (laddr)"),
+    "this process": Mistake("""
 import os
 
 
 def port_holder(port):
     return os.getpid()
-''',
+""", "os.getpid()"),
+    "any socket on that port number": Mistake("""
+import psutil
+
+
+def port_holder(port):
+    for connection in psutil.net_connections(kind="inet"):
+        if connection.laddr and connection.laddr.port == port:
+            return connection.pid
+    return None
+""", "LISTEN state"),
+    "whether, not who": Mistake("""
+import psutil
+
+
+def port_holder(port):
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections(kind="tcp"))
+""", "return the pid"),
+    "the port, not the pid": Mistake("""
+import psutil
+
+
+def port_holder(port):
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port == port and connection.status == "LISTEN":
+            return connection.laddr.port
+    return None
+""", "that is the port"),
 }
 
-LISTENER = ("import socket, sys, time\n"
-            "s = socket.socket()\n"
-            "s.bind(('127.0.0.1', 0))\n"
-            "s.listen()\n"
-            "print(s.getsockname()[1], flush=True)\n"
-            "sys.stdin.read()\n")  # until the checker closes stdin (or dies)
+HOLDER = ("import socket, sys\n"
+          "kind = socket.SOCK_STREAM if sys.argv[1] == 'tcp' else socket.SOCK_DGRAM\n"
+          "s = socket.socket(socket.AF_INET, kind)\n"
+          "s.bind(('127.0.0.1', int(sys.argv[2])))\n"
+          "if kind == socket.SOCK_STREAM:\n"
+          "    s.listen()\n"
+          "print(s.getsockname()[1], flush=True)\n"
+          "sys.stdin.read()\n")  # until the checker closes stdin (or dies)
 
 
 @contextlib.contextmanager
-def listener() -> Iterator[Tuple[int, int]]:
-    """(pid, port) of a child that listens on a free port until the block ends."""
-    child = subprocess.Popen([sys.executable, "-c", LISTENER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+def holder(kind: str, port: int = 0) -> Iterator[Tuple[int, int]]:
+    """(pid, port) of a child that holds a port (``tcp``: listens) until the block ends."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, kind, str(port)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        port = int(child.stdout.readline())
-        yield child.pid, port
+        yield child.pid, int(child.stdout.readline())
     finally:
         child.stdin.close()
         try:
@@ -90,19 +120,44 @@ def listener() -> Iterator[Tuple[int, int]]:
 
 def holder_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "port_holder")
-    with listener() as (pid, port):
+    with holder("tcp") as (pid, port):
         got = mine(port)
-        if got != pid:
-            return failed(f"pid {pid} listens on port {port}; your port_holder({port}) "
-                          f"returned {got!r}")
+        if got != pid or isinstance(got, bool):
+            return failed(f"pid {pid} listens on TCP port {port}; your port_holder({port}) "
+                          f"returned {got!r}" + _holder_hint(got, pid, port))
+    with holder("udp", port) as (udp_pid, _):
+        got = mine(port)
+        if got is not None:
+            return failed(f"pid {pid} has ended; pid {udp_pid} holds port {port} for UDP, "
+                          f"which is no TCP listener, but your port_holder({port}) returned "
+                          f"{got!r}: only a TCP socket in the LISTEN state holds MASTER_PORT "
+                          "for the next run")
     after = mine(port)
     if after is not None:
-        return failed(f"once pid {pid} has ended nobody listens on port {port}, but your "
+        return failed(f"once pid {udp_pid} has ended nobody holds port {port}, but your "
                       f"port_holder({port}) returned {after!r}")
-    return passed(f"found pid {pid} on port {port}, and nobody once it had ended")
+    return passed(f"found pid {pid} on TCP port {port}; nobody once it had ended, a UDP "
+                  "socket on the same number included")
+
+
+def _holder_hint(got, pid: int, port: int) -> str:
+    import os
+
+    if isinstance(got, bool):
+        return ": return the pid of the listener, not whether someone listens"
+    if got == os.getpid():
+        return (": that is the checker's own process (os.getpid()) — ask psutil who holds "
+                "the port")
+    if got == port:
+        return ": that is the port — return the listening process's pid"
+    if got is None:
+        return (": nobody found — compare the port with each socket's local address (laddr), "
+                "the listening end; raddr is the other end of a connection")
+    return ""
 
 
 EXERCISES = [
     Exercise("06.port_holder", HOLDER_STATEMENT, HOLDER_SKELETON, HOLDER_REFERENCE,
-             HOLDER_WRONG, holder_judge, names=("port_holder",)),
+             HOLDER_WRONG, holder_judge, names=("port_holder",),
+             forbidden=("kosmoss.ghosts", "kosmoss.launch")),
 ]

@@ -1,15 +1,15 @@
 """Lesson 10 (when it hangs or crashes): reduce a dict of statistics whose keys the ranks
-hold in different orders (in 2 gloo processes); name the straggler from the ranks'
+hold in different orders (at 2, 3 and 4 gloo processes); name the straggler from the ranks'
 heartbeats, as ``kosmoss watch`` does.
 
     kosmoss check 10
 """
 from __future__ import annotations
 
-import math
+import itertools
 from typing import List
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, Mistake, failed, learner, passed
 
 # ---------------------------------------------------------------- 10.sum_stats
 
@@ -22,21 +22,22 @@ same order (each rank built its dict as its batches came). Return a dict with th
 names, each value summed over all ranks, the same on every rank. Use
 `torch.distributed.all_reduce`. Every collective matches the call with the same position
 on the other ranks, whatever tensor it was given: the ranks must call them in an order
-they all agree on. The checker runs your cell in two gloo processes whose dicts hold the
-names in different orders.
+they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes, each rank's
+dict in another order; the values are multiples of `1/8`, so every sum is exact in
+float32 and float64, and the checker compares exactly.
 """
 
-SUM_SKELETON = '''
+SUM_SKELETON = """
 import torch
 import torch.distributed as dist
 
 
 def sum_stats(stats):
-    """{name: value summed over all ranks}, the same on every rank."""
+    \"\"\"{name: value summed over all ranks}, the same on every rank.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-SUM_REFERENCE = '''
+SUM_REFERENCE = """
 import torch
 import torch.distributed as dist
 
@@ -46,10 +47,10 @@ def sum_stats(stats):
     values = torch.tensor([float(stats[name]) for name in names], dtype=torch.float64)
     dist.all_reduce(values)
     return dict(zip(names, values.tolist()))
-'''
+"""
 
 SUM_WRONG = {
-    "the dict's own order": '''
+    "the dict's own order": Mistake("""
 import torch
 import torch.distributed as dist
 
@@ -61,8 +62,8 @@ def sum_stats(stats):
         dist.all_reduce(tensor)
         summed[name] = tensor.item()
     return summed
-''',
-    "one tensor in the dict's order": '''
+""", "reduced their entries in different orders"),
+    "one tensor in the dict's order": Mistake("""
 import torch
 import torch.distributed as dist
 
@@ -71,46 +72,116 @@ def sum_stats(stats):
     values = torch.tensor(list(stats.values()), dtype=torch.float64)
     dist.all_reduce(values)
     return dict(zip(stats, values.tolist()))
-''',
+""", "agree on one order (sorted names)"),
+    "ordered by value": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats, key=stats.get)
+    values = torch.tensor([stats[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(names, values.tolist()))
+""", "agree on one order (sorted names)"),
+    "the mean, not the sum": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([stats[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(names, (values / dist.get_world_size()).tolist()))
+""", "summed, not averaged"),
+    "integer values": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([int(stats[name]) for name in names])
+    dist.all_reduce(values)
+    return dict(zip(names, values.tolist()))
+""", "fractions"),
+    "reduce to rank 0 only": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([stats[name] for name in names], dtype=torch.float64)
+    dist.reduce(values, dst=0)
+    return dict(zip(names, values.tolist()))
+""", "the same on every rank"),
 }
 
 STATS = ({"loss_sum": 12.5, "samples": 40.0, "correct": 31.0, "batches": 5.0},
-         {"loss_sum": 7.25, "samples": 24.0, "correct": 17.0, "batches": 3.0})
+         {"loss_sum": 30.5, "samples": 24.0, "correct": 17.0, "batches": 3.0},
+         {"loss_sum": 3.125, "samples": 16.0, "correct": 9.0, "batches": 2.0},
+         {"loss_sum": 0.375, "samples": 8.0, "correct": 6.0, "batches": 1.0})
+
+
+def _order(rank: int) -> List[str]:
+    """Rank r's insertion order: rank 0 the table's, the others each another one."""
+    names = list(STATS[0])
+    shift = rank % len(names)
+    rotated = names[shift:] + names[:shift]
+    return rotated if rank % 2 == 0 else rotated[::-1]
 
 
 def sum_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
-    names = list(STATS[rank])
-    order = names if rank == 0 else names[::-1]  # the ranks' dicts in different orders
-    stats = {name: STATS[rank][name] for name in order}
+    stats = {name: STATS[rank][name] for name in _order(rank)}
     got = learner(namespace, "sum_stats")(dict(stats))
-    return {"got": {str(k): float(v) for k, v in dict(got).items()}, "order": order}
+    return {"got": {str(k): float(v) for k, v in dict(got).items()}, "order": _order(rank)}
 
 
 def sum_judge(ranks: List[dict]) -> tuple:
-    expected = {name: sum(stats[name] for stats in STATS) for name in STATS[0]}
+    n = len(ranks)
+    expected = {name: sum(STATS[r][name] for r in range(n)) for name in STATS[0]}
     for rank, result in enumerate(ranks):
         got = result["got"]
         if set(got) != set(expected):
             return failed(f"rank {rank} returned the names {sorted(got)}, expected "
                           f"{sorted(expected)}")
         for name, value in expected.items():
-            if not math.isclose(got[name], value, rel_tol=1e-9):
+            if got[name] != value:  # dyadic values: every sum is exact
                 return failed(f"rank {rank}: {name!r} came out {got[name]:g}"
-                              + _mixed(rank, name, got[name], ranks)
+                              + _sum_hint(rank, name, got[name], ranks)
                               + f" (the sum over the ranks is {value:g})")
-    return passed(f"every name summed right on both ranks, whose dicts held them in the "
-                  f"orders {ranks[0]['order']} and {ranks[1]['order']}")
+    return passed(f"every name summed exactly on all {n} ranks, whose dicts held them in "
+                  f"{n} different orders")
 
 
-def _mixed(rank: int, name: str, value: float, ranks: List[dict]) -> str:
-    """Name the other rank's entry this one was summed with, if that explains it."""
-    other = 1 - rank
-    for partner in STATS[other]:
-        if math.isclose(STATS[rank][name] + STATS[other][partner], value, rel_tol=1e-9):
-            return (f" = its {STATS[rank][name]:g} + rank {other}'s {partner!r}: the ranks "
-                    f"reduced their entries in different orders ({ranks[rank]['order']} against "
-                    f"{ranks[other]['order']}), and each all_reduce matched whatever the other "
-                    "rank called at the same position; agree on one order (sorted names)")
+def _partners(rank: int, name: str, value: float, n: int):
+    """The other ranks' entries this one was summed with, if the value is such a sum."""
+    names = list(STATS[0])
+    for choice in itertools.product(names, repeat=n - 1):
+        mixed = list(choice[:rank]) + [name] + list(choice[rank:])
+        if mixed != [name] * n and value == sum(STATS[r][mixed[r]] for r in range(n)):
+            return mixed
+    return None
+
+
+def _sum_hint(rank: int, name: str, value: float, ranks: List[dict]) -> str:
+    n = len(ranks)
+    mixed = _partners(rank, name, value, n)
+    if mixed:
+        partners = ", ".join(f"rank {r}'s {mixed[r]!r}" for r in range(n) if r != rank)
+        return (f" = its {STATS[rank][name]:g} + {partners}: the ranks reduced their entries "
+                "in different orders, and each all_reduce matched whatever the other ranks "
+                "called at the same position; agree on one order (sorted names)")
+    if any(ranks[r]["got"][name] != value for r in range(n)):
+        return (" on this rank and something else on another: the result must be the same on "
+                "every rank")
+    total = sum(STATS[r][name] for r in range(n))
+    if value == total / n:
+        return f": the mean over the ranks — the statistics are summed, not averaged"
+    if value == sum(int(STATS[r][name]) for r in range(n)):
+        return ": the fractions were cut off — keep the values as floats"
     return ""
 
 
@@ -127,16 +198,17 @@ back, by `kosmoss watch`'s rule: a rank is a straggler when its own work per ste
 larger than the median of the *other* ranks' by more than `30` percent *and* by at least
 `2` ms (smaller gaps are timer noise). Under DDP every rank makes the same number of
 steps per second, so step rates cannot tell. The checker compares with `kosmoss watch`'s
-own code on several sets of ranks.
+own code on several sets of ranks, two stragglers and both thresholds met exactly among
+them.
 """
 
-STRAGGLER_SKELETON = '''
+STRAGGLER_SKELETON = """
 def stragglers(busy_ms, wait_ms):
-    """Sorted ranks whose own work per step holds the others back."""
+    \"\"\"Sorted ranks whose own work per step holds the others back.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-STRAGGLER_REFERENCE = '''
+STRAGGLER_REFERENCE = """
 import statistics
 
 
@@ -147,26 +219,45 @@ def stragglers(busy_ms, wait_ms):
         if mine > others * 1.3 and mine - others >= 2:
             slow.append(rank)
     return slow
-'''
+"""
 
-STRAGGLER_WRONG = {
-    "the rank that waits most": '''
-def stragglers(busy_ms, wait_ms):
-    return [wait_ms.index(max(wait_ms))]
-''',
-    "the slowest step, busy + wait": '''
-def stragglers(busy_ms, wait_ms):
-    steps = [b + w for b, w in zip(busy_ms, wait_ms)]
-    return [steps.index(max(steps))]
-''',
-    "no noise floor": '''
+
+def _rule(typical: str = "statistics.median(busy_ms[:r] + busy_ms[r + 1:])",
+          test: str = "mine > others * 1.3 and mine - others >= 2") -> str:
+    return f"""
 import statistics
 
 
 def stragglers(busy_ms, wait_ms):
-    return [r for r, mine in enumerate(busy_ms)
-            if mine > statistics.median(busy_ms[:r] + busy_ms[r + 1:]) * 1.3]
-''',
+    slow = []
+    for r, mine in enumerate(busy_ms):
+        others = {typical}
+        if {test}:
+            slow.append(r)
+    return slow
+"""
+
+
+STRAGGLER_WRONG = {
+    "the rank that waits most": Mistake("""
+def stragglers(busy_ms, wait_ms):
+    return [wait_ms.index(max(wait_ms))]
+""", "the rank that waits longest is the fast one"),
+    "the slowest step, busy + wait": Mistake("""
+def stragglers(busy_ms, wait_ms):
+    steps = [b + w for b, w in zip(busy_ms, wait_ms)]
+    return [steps.index(max(steps))]
+""", "the rank that waits longest is the fast one"),
+    "no noise floor": Mistake(_rule(test="mine > others * 1.3"), "a gap under 2 ms"),
+    "the median of every rank, itself included": Mistake(
+        _rule(typical="statistics.median(busy_ms)"), "the median of the *other* ranks"),
+    "the mean of the others": Mistake(
+        _rule(typical="statistics.mean(busy_ms[:r] + busy_ms[r + 1:])"),
+        "the median, not the mean"),
+    "30 percent or more": Mistake(
+        _rule(test="mine >= others * 1.3 and mine - others >= 2"), "more than 30 percent"),
+    "more than 2 ms": Mistake(
+        _rule(test="mine > others * 1.3 and mine - others > 2"), "at least 2 ms"),
 }
 
 # (busy, wait) per rank: what heartbeats said in lesson 10's runs and in shapes like them.
@@ -176,6 +267,10 @@ STRAGGLER_CASES = (
     ((3.0, 3.1, 12.0, 3.2, 2.9, 3.0, 11.5, 3.1), (9.0, 9.1, 0.4, 9.0, 9.2, 9.0, 0.9, 9.1)),
     ((1.0, 1.6), (0.6, 0.1)),  # 60 % more, but 0.6 ms: noise
     ((40.0, 41.0, 39.5), (30.0, 29.0, 30.5)),  # all slow alike: nobody stands out
+    ((3.0, 3.0, 6.0, 6.0), (4.0, 4.0, 1.0, 1.0)),  # two slow of four: each's others median 3
+    ((2.0, 2.0, 2.0, 30.0, 9.0), (28.0, 28.0, 28.0, 0.5, 21.0)),  # a mean would hide rank 4
+    ((10.0, 10.0, 13.0), (3.0, 3.0, 0.5)),  # exactly 30 % more: not more than 30 %
+    ((5.0, 5.0, 7.0), (2.0, 2.0, 0.5)),  # 40 % more and exactly 2 ms: a straggler
 )
 
 
@@ -206,11 +301,31 @@ def straggler_judge(namespace: dict) -> tuple:
 
 
 def _straggler_hint(got, expected, busy, wait) -> str:
+    import statistics
+
     if got and all(wait[r] == max(wait) for r in got):
         return (" — the rank that waits longest is the fast one: it waits in the all-reduce "
                 "for the straggler; look at each rank's own work")
-    if not expected and got:
-        return " — a gap under 2 ms, or every rank as slow, flags nobody"
+    for rank in sorted(set(got) ^ set(expected)):
+        others = busy[:rank] + busy[rank + 1:]
+        typical, mine = statistics.median(others), busy[rank]
+        if mine == typical * 1.3:
+            return (f" — rank {rank} is exactly 30 percent above: a straggler is more than 30 "
+                    "percent")
+        if mine - typical == 2:
+            return f" — rank {rank} is exactly 2 ms above: at least 2 ms is enough"
+        if mine - typical < 2:
+            return " — a gap under 2 ms, or every rank as slow, flags nobody"
+        if statistics.median(busy) != typical and (mine > statistics.median(busy) * 1.3) != (
+                mine > typical * 1.3) or mine - statistics.median(busy) < 2 <= mine - typical:
+            return (f" — compare rank {rank} with the median of the *other* ranks: its own "
+                    "time pulls a median of every rank towards it")
+        if statistics.mean(others) != typical:
+            return f" — rank {rank}: the median, not the mean — one very slow rank moves a mean"
+    steps = [b + w for b, w in zip(busy, wait)]
+    if got and all(steps[r] == max(steps) for r in got):
+        return (" — busy + wait is about the same for every rank under DDP (they wait for "
+                "each other): look at each rank's own work")
     return ""
 
 
@@ -218,5 +333,6 @@ EXERCISES = [
     Exercise("10.sum_stats", SUM_STATEMENT, SUM_SKELETON, SUM_REFERENCE, SUM_WRONG, sum_judge,
              rank_task=sum_rank_task, names=("sum_stats",)),
     Exercise("10.stragglers", STRAGGLER_STATEMENT, STRAGGLER_SKELETON, STRAGGLER_REFERENCE,
-             STRAGGLER_WRONG, straggler_judge, names=("stragglers",)),
+             STRAGGLER_WRONG, straggler_judge, names=("stragglers",),
+             forbidden=("kosmoss.diagnose",)),
 ]

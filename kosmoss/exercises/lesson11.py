@@ -1,6 +1,6 @@
 """Lesson 11 (memory and beyond DDP): one optimizer step from micro-batches (gradient
 accumulation), checked against the full batch's step; a ZeRO-1 step that keeps only this
-rank's share of the optimizer state, checked in 2 gloo processes against plain SGD.
+rank's share of the optimizer state, checked at 2, 3 and 4 gloo processes against SGD.
 
     kosmoss check 11
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import List
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, Mistake, failed, learner, passed
+from .tolerance import FLOAT32_UNIT
 
-TOLERANCE = 1e-6
 LR, MOMENTUM = 0.1, 0.9
 
 # ---------------------------------------------------------------- 11.accumulate
@@ -21,57 +21,55 @@ ACCUMULATE_STATEMENT = """\
 Write `accumulated_step(model, optimizer, x, y, micro_batches)`. It must take exactly the
 optimizer step that one forward and backward of the mean-squared-error loss on the whole
 batch `(x, y)` followed by `optimizer.step()` would take — but run the model on
-`micro_batches` equal slices of the batch, one after the other, so that only one slice's
-activations are in memory at a time. The batch size is a multiple of `micro_batches`.
-Start from zeroed gradients. The checker compares your weights after the step with the
-full batch's (plain SGD, so that any scale error shows), and watches the size of every
-forward pass.
+`micro_batches` slices of the batch, one after the other, so that only one slice's
+activations are in memory at a time. The slices are as equal as `torch.tensor_split`
+makes them: when the batch does not divide, some are one column longer, so weigh each
+slice by its share of the batch. The gradients may still hold the previous step's:
+zero them first. The checker compares your weights after the step with the full
+batch's (plain SGD, so that any scale error shows) to float32 rounding, and watches the
+size of every forward pass and every call of `optimizer.step`.
 """
 
-ACCUMULATE_SKELETON = '''
+ACCUMULATE_SKELETON = """
 import torch
 
 
 def accumulated_step(model, optimizer, x, y, micro_batches):
-    """One optimizer step on (x, y), computed in micro_batches slices."""
+    \"\"\"One optimizer step on (x, y), computed in micro_batches slices.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-ACCUMULATE_REFERENCE = '''
+ACCUMULATE_REFERENCE = """
 import torch
 
 
 def accumulated_step(model, optimizer, x, y, micro_batches):
     optimizer.zero_grad()
-    for x_part, y_part in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-        # backward adds into .grad; the mean over the batch is the mean of the slices' means
-        loss = torch.nn.functional.mse_loss(model(x_part), y_part) / micro_batches
+    for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        # backward adds into .grad; each slice's mean, weighed by its share of the batch
+        loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
         loss.backward()
     optimizer.step()
-'''
+"""
+
+
+def _accumulate(body: str, zero: str = "    optimizer.zero_grad()\n",
+                split: str = "tensor_split") -> str:
+    return (f"\nimport torch\n\n\ndef accumulated_step(model, optimizer, x, y, micro_batches):\n"
+            f"{zero}    for x_part, y_part in zip(x.{split}(micro_batches), "
+            f"y.{split}(micro_batches)):\n{body}    optimizer.step()\n")
+
+
+_SHARE = ("        loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) "
+          "/ len(x)\n        loss.backward()\n")
 
 ACCUMULATE_WRONG = {
-    "sums the slices' losses": '''
-import torch
-
-
-def accumulated_step(model, optimizer, x, y, micro_batches):
-    optimizer.zero_grad()
-    for x_part, y_part in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-        torch.nn.functional.mse_loss(model(x_part), y_part).backward()
-    optimizer.step()
-''',
-    "zero_grad in the loop": '''
-import torch
-
-
-def accumulated_step(model, optimizer, x, y, micro_batches):
-    for x_part, y_part in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-        optimizer.zero_grad()
-        (torch.nn.functional.mse_loss(model(x_part), y_part) / micro_batches).backward()
-    optimizer.step()
-''',
-    "the whole batch at once": '''
+    "sums the slices' losses": Mistake(_accumulate(
+        "        torch.nn.functional.mse_loss(model(x_part), y_part).backward()\n"),
+        "x the full batch's"),
+    "zero_grad in the loop": Mistake(_accumulate(
+        "        optimizer.zero_grad()\n" + _SHARE, zero=""), "follows the last slice only"),
+    "the whole batch at once": Mistake("""
 import torch
 
 
@@ -79,10 +77,28 @@ def accumulated_step(model, optimizer, x, y, micro_batches):
     optimizer.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     optimizer.step()
-''',
+""", "your forward passes saw [32] columns"),
+    "divides by micro_batches when slices differ": Mistake(_accumulate(
+        "        (torch.nn.functional.mse_loss(model(x_part), y_part) / micro_batches)"
+        ".backward()\n"), "weigh each slice by its share"),
+    "never zeroes the gradients": Mistake(_accumulate(_SHARE, zero=""),
+                                          "the gradients it was given"),
+    "a step per slice": Mistake("""
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    optimizer.zero_grad()
+    for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
+        loss.backward()
+        optimizer.step()
+""", "accumulation takes one optimizer step"),
+    "chunk, not tensor_split": Mistake(_accumulate(_SHARE, split="chunk"), "as equal as"),
 }
 
-ACCUMULATE_CASES = ((32, 4), (24, 3), (16, 1))  # (batch, micro-batches)
+ACCUMULATE_CASES = ((32, 4), (24, 3), (16, 1), (10, 4), (7, 3), (5, 5))  # (batch, slices)
+STALE_GRADIENT = 3.0  # what .grad holds before the call: a right answer zeroes it
 
 
 def _small_model(seed: int = 0):
@@ -93,9 +109,38 @@ def _small_model(seed: int = 0):
     return nn.Sequential(nn.Linear(12, 16), nn.SiLU(), nn.Linear(16, 5))
 
 
-def accumulate_judge(namespace: dict) -> tuple:
+def _full_step(x, y, dtype):
+    """The full batch's SGD step, in ``dtype``: (start, after)."""
     import copy
 
+    import torch
+
+    start = _small_model().to(dtype)
+    after = copy.deepcopy(start)
+    torch.nn.functional.mse_loss(after(x.to(dtype)), y.to(dtype)).backward()
+    torch.optim.SGD(after.parameters(), lr=LR).step()
+    return start, after
+
+
+def _weights(model):
+    import torch
+
+    return torch.cat([p.detach().double().flatten() for p in model.parameters()])
+
+
+def accumulate_tolerance(x, y) -> float:
+    """The float32 full-batch step's own distance from the float64 one, times 8 (a right
+    answer sums the same per-column gradients in another grouping), and at least 4
+    float32 steps of the largest weight (each weight's last rounding)."""
+    import torch
+
+    exact = _weights(_full_step(x, y, torch.float64)[1])
+    single = _weights(_full_step(x, y, torch.float32)[1])
+    return max(8 * float((single - exact).abs().max()),
+               4 * 2 * FLOAT32_UNIT * float(exact.abs().max()))
+
+
+def accumulate_judge(namespace: dict) -> tuple:
     import torch
 
     mine = learner(namespace, "accumulated_step")
@@ -103,50 +148,76 @@ def accumulate_judge(namespace: dict) -> tuple:
         generator = torch.Generator().manual_seed(batch)
         x = torch.randn(batch, 12, generator=generator)
         y = torch.randn(batch, 5, generator=generator)
-        reference, model = _small_model(), _small_model()
-        start = copy.deepcopy(reference)
-        full = torch.optim.SGD(reference.parameters(), lr=LR)
-        full.zero_grad()
-        torch.nn.functional.mse_loss(reference(x), y).backward()
-        full.step()
-        seen = []
-        hook = model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
-        try:
-            mine(model, torch.optim.SGD(model.parameters(), lr=LR), x, y, micro)
-        finally:
-            hook.remove()
-        last = copy.deepcopy(start)  # what zeroing the gradients in the loop leaves
-        torch.optim.SGD(last.parameters(), lr=LR).zero_grad()
-        (torch.nn.functional.mse_loss(last(x[-(batch // micro):]), y[-(batch // micro):])
-         / micro).backward()
-        torch.optim.SGD(last.parameters(), lr=LR).step()
-        message = _accumulate_mistake(model, reference, start, last, seen, batch, micro)
+        model, seen, steps = _run_learner(mine, x, y, micro)
+        message = _accumulate_mistake(model, x, y, seen, steps, micro)
         if message:
             return failed(f"batch {batch} in {micro} micro-batch(es): {message}")
-    return passed(f"the same step as the full batch in {len(ACCUMULATE_CASES)} cases, one "
-                  "micro-batch in memory at a time")
+    return passed(f"the same step as the full batch in {len(ACCUMULATE_CASES)} cases, batches "
+                  "that do not divide included, one micro-batch in memory at a time")
 
 
-def _accumulate_mistake(model, reference, start, last, seen: List[int], batch: int, micro: int):
+def _run_learner(mine, x, y, micro: int):
+    """The learner's step on a fresh model whose .grad holds stale values: (model, the
+    rows of each forward pass, the calls of optimizer.step)."""
+    import torch
 
-    if seen != [batch // micro] * micro:
-        return (f"your forward passes saw {seen} columns; accumulation runs {micro} of "
-                f"{batch // micro} each, so that one slice's activations are in memory at a time")
-    moved = [(p - s).detach() for p, s in zip(model.parameters(), start.parameters())]
-    expected = [(r - s).detach() for r, s in zip(reference.parameters(), start.parameters())]
-    gap = max(float((m - e).abs().max()) for m, e in zip(moved, expected))
-    if gap <= TOLERANCE:
+    model = _small_model()
+    for param in model.parameters():
+        param.grad = torch.full_like(param, STALE_GRADIENT)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    seen, steps = [], []
+    optimizer.register_step_pre_hook(lambda *args: steps.append(1))
+    hook = model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    try:
+        mine(model, optimizer, x, y, micro)
+    finally:
+        hook.remove()
+    return model, seen, len(steps)
+
+
+def _accumulate_mistake(model, x, y, seen, steps: int, micro: int):
+    import torch
+
+    batch = len(x)
+    right_sizes = sorted(len(part) for part in x.tensor_split(micro))
+    if sorted(seen) != right_sizes:
+        return (f"your forward passes saw {seen} columns; accumulation runs {micro} slices "
+                f"as equal as tensor_split makes them ({right_sizes}), so that one slice's "
+                "activations are in memory at a time")
+    if steps != 1:
+        return (f"optimizer.step ran {steps} times: accumulation takes one optimizer step, "
+                "after every slice's backward")
+    start, full = _full_step(x, y, torch.float64)
+    moved, expected = _weights(model) - _weights(start), _weights(full) - _weights(start)
+    gap = float((moved - expected).abs().max())
+    if gap <= accumulate_tolerance(x, y):
         return None
-    ratio = float(sum((m * e).sum() for m, e in zip(moved, expected))
-                  / sum((e * e).sum() for e in expected))
+    return f"your weights differ from the full batch's step by {gap:.2g}" + _accumulate_why(
+        model, x, y, micro, moved, expected)
+
+
+def _accumulate_why(model, x, y, micro: int, moved, expected) -> str:
+    import torch
+
+    ratio = float((moved * expected).sum() / (expected * expected).sum())
     if abs(ratio - micro) < 1e-3 * micro:
-        return (f"your step is {micro}x the full batch's: each slice's loss is a mean over the "
-                f"slice; divide it by micro_batches before backward")
-    if max(float((m - l).detach().abs().max()) for m, l in zip(model.parameters(),
-                                                                last.parameters())) <= TOLERANCE:
-        return ("your step follows the last slice only: backward adds into .grad, so zero "
-                "the gradients once, before the loop")
-    return f"your weights differ from the full batch's step by {gap:.2g}"
+        return (f": your step is {micro}x the full batch's — each slice's loss is a mean over "
+                "the slice; weigh it by its share of the batch before backward")
+    stale = float(LR * STALE_GRADIENT)
+    if bool(((moved - expected + stale).abs() < 1e-4).all()):
+        return (": your step also follows the gradients it was given — zero them first "
+                "(optimizer.zero_grad()), once, before the loop")
+    last_x, last_y = x.tensor_split(micro)[-1], y.tensor_split(micro)[-1]
+    last = _small_model()
+    (torch.nn.functional.mse_loss(last(last_x), last_y) * len(last_x) / len(x)).backward()
+    follow = -LR * torch.cat([p.grad.flatten() for p in last.parameters()]).double()
+    if bool(((moved - follow).abs() < 1e-4).all()):
+        return (": your step follows the last slice only — backward adds into .grad, so "
+                "zero the gradients once, before the loop")
+    if len(x) % micro:
+        return (": the slices are not all the same size here — weigh each slice by its share "
+                "of the batch (len(slice) / len(batch)), not by 1 / micro_batches")
+    return ""
 
 
 # ---------------------------------------------------------------- 11.zero1_step
@@ -163,22 +234,22 @@ belongs to rank `i % world_size` (`params` come sorted by size, largest first, s
 this spreads the bytes); a rank keeps the momentum buffers of its own
 parameters only (in `state`, a dict you fill, kept between calls), updates only those,
 and then every parameter is broadcast from the rank that owns it, so that all ranks end
-with the same weights. The checker runs three steps in two gloo processes and compares
-with `torch.optim.SGD(momentum=0.9)` on one process, and measures what each rank keeps
-in `state`.
+with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes and
+compares with `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and
+measures what each rank keeps in `state`.
 """
 
-ZERO_SKELETON = '''
+ZERO_SKELETON = """
 import torch
 import torch.distributed as dist
 
 
 def zero1_step(params, state, lr):
-    """SGD with momentum 0.9, each rank owning parameters i % world_size == rank."""
+    \"\"\"SGD with momentum 0.9, each rank owning parameters i % world_size == rank.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-ZERO_REFERENCE = '''
+ZERO_REFERENCE = """
 import torch
 import torch.distributed as dist
 
@@ -193,10 +264,32 @@ def zero1_step(params, state, lr):
                 buf.mul_(0.9).add_(param.grad)
                 param.sub_(lr * buf)
             dist.broadcast(param, src=owner)  # every rank calls it, in the same order
-'''
+"""
+
+
+def _zero(owner: str = "index % world_size", src: str = "owner",
+          keep: str = "state.setdefault(index, torch.zeros_like(param))") -> str:
+    return f"""
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    per_rank = -(-len(params) // world_size)
+    with torch.no_grad():
+        for index, param in enumerate(params):
+            owner = {owner}
+            if owner == rank:
+                buf = {keep}
+                buf.mul_(0.9).add_(param.grad)
+                param.sub_(lr * buf)
+            dist.broadcast(param, src={src})
+"""
+
 
 ZERO_WRONG = {
-    "every rank keeps every buffer": '''
+    "every rank keeps every buffer": Mistake("""
 import torch
 
 
@@ -206,8 +299,8 @@ def zero1_step(params, state, lr):
             buf = state.setdefault(index, torch.zeros_like(param))
             buf.mul_(0.9).add_(param.grad)
             param.sub_(lr * buf)
-''',
-    "no broadcast": '''
+""", "ZeRO-1 keeps only the owner's share"),
+    "no broadcast": Mistake("""
 import torch
 import torch.distributed as dist
 
@@ -220,7 +313,14 @@ def zero1_step(params, state, lr):
                 buf = state.setdefault(index, torch.zeros_like(param))
                 buf.mul_(0.9).add_(param.grad)
                 param.sub_(lr * buf)
-''',
+""", "broadcast every parameter from the rank that owns it"),
+    "two ranks hard-coded": Mistake(_zero(owner="index % 2"), "i % world_size",
+                                    wrong_at=(3, 4)),
+    "broadcast from rank 0": Mistake(_zero(src="0"), "src = i % world_size"),
+    "momentum not kept between calls": Mistake(_zero(keep="torch.zeros_like(param)"),
+                                               "kept between calls"),
+    "contiguous blocks, not i % world_size": Mistake(_zero(owner="index // per_rank"),
+                                                     "i % world_size"),
 }
 
 ZERO_STEPS = 3
@@ -240,7 +340,7 @@ def _set_gradients(model, step: int) -> None:
 
     generator = torch.Generator().manual_seed(step)
     for param in model.parameters():
-        param.grad = torch.randn(param.shape, generator=generator)
+        param.grad = torch.randn(param.shape, generator=generator).to(param.dtype)
 
 
 def _tensor_elements(value) -> int:
@@ -255,51 +355,119 @@ def _tensor_elements(value) -> int:
     return 0
 
 
-def zero_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
+def _flat(model):
     import torch
 
-    reference = _zero_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    return torch.cat([p.detach().double().flatten() for p in model.parameters()])
+
+
+def sgd_trajectory(dtype: str, momentum: float = MOMENTUM) -> list:
+    """torch's SGD on one process: the weights after each step ("float64": the reference)."""
+    import torch
+
+    model = _zero_model().to(getattr(torch, dtype))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    weights = []
+    for index in range(ZERO_STEPS):
+        _set_gradients(model, index)
+        optimizer.step()
+        weights.append(_flat(model))
+    return weights
+
+
+def zero_tolerance() -> float:
+    """8 times the float32 SGD's own distance from the float64 one after the last step,
+    and at least 4 float32 steps of the largest weight."""
+    exact, single = sgd_trajectory("float64"), sgd_trajectory("float32")
+    return max(8 * float((single[-1] - exact[-1]).abs().max()),
+               8 * FLOAT32_UNIT * float(exact[-1].abs().max()))
+
+
+def zero_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     model = _zero_model()
     # Largest first, as ZeroRedundancyOptimizer sorts them: i % world_size then spreads bytes.
     params = sorted(model.parameters(), key=lambda p: p.numel(), reverse=True)
+    order = [next(i for i, q in enumerate(model.parameters()) if q is p) for p in params]
     state: dict = {}
     step = learner(namespace, "zero1_step")
+    weights = []
     for index in range(ZERO_STEPS):
-        _set_gradients(reference, index)
-        optimizer.step()
         _set_gradients(model, index)
         step(params, state, LR)
-    owned = sum(p.numel() for i, p in enumerate(params) if i % world_size == rank)
-    return {"weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
-            "expected": torch.cat([p.detach().flatten() for p in reference.parameters()]),
-            "kept": _tensor_elements(state), "owned": owned,
-            "all": sum(p.numel() for p in params)}
+        weights.append(_flat(model))
+    kept = {i: _tensor_elements(value) for i, value in state.items()} if isinstance(
+        state, dict) else {}
+    return {"weights": weights, "kept": _tensor_elements(state), "kept_by_key": kept,
+            "sizes": [p.numel() for p in params], "order": order}
 
 
 def zero_judge(ranks: List[dict]) -> tuple:
-    first, second = ranks[0]["weights"], ranks[1]["weights"]
-    if float((first - second).abs().max()) > TOLERANCE:
-        return failed("rank 0 and rank 1 hold different weights after the steps: each rank "
-                      "updated only its own parameters; broadcast every parameter from the "
-                      "rank that owns it")
-    gap = float((first - ranks[0]["expected"]).abs().max())
-    if gap > TOLERANCE:
-        return failed(f"your weights differ from torch.optim.SGD(momentum=0.9) by {gap:.2g} "
-                      f"after {ZERO_STEPS} steps")
+    n = len(ranks)
+    expected = sgd_trajectory("float64")
+    tolerance = zero_tolerance()
+    final = [r["weights"][-1] for r in ranks]
+    if any(float((w - final[0]).abs().max()) > tolerance for w in final):
+        return failed("the ranks hold different weights after the steps: each rank updated "
+                      "only its own parameters; broadcast every parameter from the rank that "
+                      "owns it")
+    for step in range(ZERO_STEPS):
+        gap = float((ranks[0]["weights"][step] - expected[step]).abs().max())
+        if gap > tolerance:
+            return failed(f"your weights differ from torch.optim.SGD(momentum=0.9) by {gap:.2g} "
+                          f"after step {step + 1} of {ZERO_STEPS}"
+                          + _zero_why(ranks[0], step, n))
+    sizes = ranks[0]["sizes"]
     for rank, result in enumerate(ranks):
-        if result["kept"] != result["owned"]:
-            return failed(f"rank {rank} keeps {result['kept']} elements of optimizer state for "
-                          f"the {result['owned']} of the parameters it owns (all of them: "
-                          f"{result['all']}); ZeRO-1 keeps only the owner's share on each rank")
+        owned = [i for i in range(len(sizes)) if i % n == rank]
+        share = sum(sizes[i] for i in owned)
+        if result["kept"] != share:
+            return failed(f"rank {rank} keeps {result['kept']} elements of optimizer state; "
+                          f"it owns parameters {owned} (i % world_size), {share} elements of "
+                          f"{sum(sizes)}: ZeRO-1 keeps only the owner's share on each rank")
+    kept = [str(r["kept"]) for r in ranks]
     return passed(f"the weights of torch's SGD with momentum after {ZERO_STEPS} steps, with "
-                  f"{ranks[0]['kept']} and {ranks[1]['kept']} elements of state on the two "
-                  f"ranks instead of {ranks[0]['all']} on each")
+                  f"{', '.join(kept)} elements of state on the {n} ranks instead of "
+                  f"{sum(sizes)} on each")
+
+
+def _zero_why(result: dict, step: int, n: int) -> str:
+    plain = sgd_trajectory("float64", momentum=0.0)
+    if float((result["weights"][step] - plain[step]).abs().max()) < 1e-6:
+        return (": they follow SGD without momentum — the momentum buffers must be kept "
+                "between calls, in state")
+    start = _flat(_zero_model())
+    exact = sgd_trajectory("float64")[step]
+    stuck = _stuck_parameters(result, start, exact)
+    owners = sorted({i % n for i in stuck})
+    if stuck and 0 not in owners:
+        return (f": parameters {stuck} (owned by rank(s) {owners}) never moved — broadcast "
+                "each parameter from the rank that owns it: src = i % world_size")
+    return ""
+
+
+def _stuck_parameters(result: dict, start, exact) -> List[int]:
+    """Indices (in params' order) of the parameters still at their starting values."""
+    import torch
+
+    model = _zero_model()
+    bounds, offset = [], 0
+    for p in model.parameters():
+        bounds.append((offset, offset + p.numel()))
+        offset += p.numel()
+    got = result["weights"][-1]
+    stuck = []
+    for index, position in enumerate(result["order"]):
+        low, high = bounds[position]
+        if torch.equal(got[low:high], start[low:high]) and not torch.equal(
+                exact[low:high], start[low:high]):
+            stuck.append(index)
+    return stuck
 
 
 EXERCISES = [
     Exercise("11.accumulate", ACCUMULATE_STATEMENT, ACCUMULATE_SKELETON, ACCUMULATE_REFERENCE,
              ACCUMULATE_WRONG, accumulate_judge, names=("accumulated_step",)),
     Exercise("11.zero1_step", ZERO_STATEMENT, ZERO_SKELETON, ZERO_REFERENCE, ZERO_WRONG,
-             zero_judge, rank_task=zero_rank_task, names=("zero1_step",)),
+             zero_judge, rank_task=zero_rank_task, names=("zero1_step",),
+             forbidden=("torch.distributed.optim",)),
 ]

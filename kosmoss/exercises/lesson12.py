@@ -9,7 +9,7 @@ import ipaddress
 import math
 from typing import Dict, List, Optional
 
-from .core import Exercise, failed, learner, number, passed, show
+from .core import Exercise, Mistake, failed, learner, number, passed, show
 
 # ---------------------------------------------------------------- 12.step_time
 
@@ -40,38 +40,38 @@ def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
 '''
 
 STEP_WRONG = {
-    "bits taken for bytes": '''
+    "bits taken for bytes": Mistake('''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
         return compute_s
     steps = 2 * (hosts - 1)
     return compute_s + steps * latency_s + steps / hosts * gradient_bytes / rate_bits
-''',
-    "the whole buffer over the link": '''
+''', "bits taken for bytes"),
+    "the whole buffer over the link": Mistake('''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
         return compute_s
     return compute_s + 2 * (hosts - 1) * latency_s + gradient_bytes / (rate_bits / 8)
-''',
-    "reduce-scatter only": '''
+''', "the whole buffer over the link"),
+    "reduce-scatter only": Mistake('''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
         return compute_s
     steps = hosts - 1
     return compute_s + steps * latency_s + steps / hosts * gradient_bytes / (rate_bits / 8)
-''',
-    "latency paid once": '''
+''', "reduce-scatter only"),
+    "latency paid once": Mistake('''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
         return compute_s
     steps = 2 * (hosts - 1)
     return compute_s + latency_s + steps / hosts * gradient_bytes / (rate_bits / 8)
-''',
-    "one host still reduces": '''
+''', "latency paid once"),
+    "one host still reduces": Mistake('''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     steps = 2 * max(hosts - 1, 1)
     return compute_s + steps * latency_s + steps / hosts * gradient_bytes / (rate_bits / 8)
-''',
+''', "one host still reduces"),
 }
 
 # (compute_s, gradient_bytes, hosts, rate_bits, latency_s): the edges the statement names.
@@ -89,11 +89,11 @@ def ring_step_s(compute_s: float, gradient_bytes: float, hosts: int, rate_bits: 
     return compute_s + ring_allreduce_s(gradient_bytes, hosts, link)
 
 
-def mistake(wrong: Dict[str, str], name: str, cases: tuple, answers: list) -> str:
+def mistake(wrong: Dict[str, Mistake], name: str, cases: tuple, answers: list) -> str:
     """The catalogued mistake that gives the learner's answer in every case, named."""
-    for label, body in wrong.items():
+    for label, catalogued in wrong.items():
         scope: dict = {}
-        exec(body, scope)  # the catalogue's own cells: kosmoss's code, not the learner's
+        exec(catalogued.body, scope)  # the catalogue's own cells: kosmoss's code
         if all(_same(scope[name](*case), got) for case, got in zip(cases, answers)):
             return f" — that is the answer of a known mistake: {label}"
     return ""
@@ -159,11 +159,11 @@ def pick_interface(interfaces, master_addr):
 '''
 
 PICK_WRONG = {
-    "the first interface that is not the loopback": '''
+    "the first interface that is not the loopback": Mistake('''
 def pick_interface(interfaces, master_addr):
     return next((name for name in interfaces if name != "lo"), None)
-''',
-    "the first network that holds it, not the most specific": '''
+''', "the first interface that is not the loopback"),
+    "the first network that holds it, not the most specific": Mistake('''
 import ipaddress
 
 
@@ -173,23 +173,23 @@ def pick_interface(interfaces, master_addr):
             if ipaddress.ip_address(master_addr) in ipaddress.ip_interface(address).network:
                 return name
     return None
-''',
-    "the address compared, not its network": '''
+''', "the first network that holds it, not the most specific"),
+    "the address compared, not its network": Mistake('''
 def pick_interface(interfaces, master_addr):
     for name, addresses in interfaces.items():
         if any(address.split("/")[0] == master_addr for address in addresses):
             return name
     return None
-''',
-    "the prefix ignored (a /8 of the first octet)": '''
+''', "the address compared, not its network"),
+    "the prefix ignored (a /8 of the first octet)": Mistake('''
 def pick_interface(interfaces, master_addr):
     for name, addresses in interfaces.items():
         for address in addresses:
             if address.split(".")[0] == master_addr.split(".")[0]:
                 return name
     return None
-''',
-    "a fallback instead of None": '''
+''', "the prefix ignored (a /8 of the first octet)"),
+    "a fallback instead of None": Mistake('''
 import ipaddress
 
 
@@ -202,7 +202,7 @@ def pick_interface(interfaces, master_addr):
             if target in network and network.prefixlen > best_prefix:
                 best, best_prefix = name, network.prefixlen
     return best
-''',
+''', "a fallback instead of None"),
 }
 
 HOST = {"lo": ["127.0.0.1/8"], "kosmoss0": ["10.213.0.2/24"]}
@@ -240,7 +240,7 @@ def pick_judge(namespace: dict) -> tuple:
 
 EXERCISES = [
     Exercise("12.step_time", STEP_STATEMENT, STEP_SKELETON, STEP_REFERENCE, STEP_WRONG,
-             step_judge, names=("predicted_step_s",)),
+             step_judge, names=("predicted_step_s",), forbidden=("kosmoss.scaling",)),
     Exercise("12.pick_interface", PICK_STATEMENT, PICK_SKELETON, PICK_REFERENCE, PICK_WRONG,
-             pick_judge, names=("pick_interface",)),
+             pick_judge, names=("pick_interface",), forbidden=("kosmoss.launch",)),
 ]

@@ -1,5 +1,5 @@
 """The DDP-metrics lab: reduce a validation loss exactly over ranks with uneven shares
-(in 2 gloo processes), and count what DistributedSampler pads with.
+(at 2, 3 and 4 gloo processes), and count what DistributedSampler pads with.
 
     kosmoss check metrics
 """
@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import List
 
-from .core import Exercise, failed, learner, passed
+from .core import Exercise, Mistake, failed, is_integer, learner, passed
+from .tolerance import gamma
 
 NOTEBOOK_GLOB = "*metrics*"  # the lab's notebook: its file name contains "metrics"
-SHARES = (5, 3)  # samples on rank 0 and rank 1: uneven, as the last batch of a split is
-TOLERANCE = 1e-6
+# Samples per rank at each world size: uneven, as the last batch of a split is; at 4 ranks
+# one rank's share is empty (a split smaller than the ranks, or cut without padding).
+SHARES = {2: (5, 3), 3: (5, 3, 1), 4: (6, 0, 3, 1)}
 
 
 # ---------------------------------------------------------------- metrics.exact_val_loss
@@ -19,26 +21,26 @@ TOLERANCE = 1e-6
 EXACT_STATEMENT = """\
 **Reduce a validation loss exactly over ranks with uneven shares.**
 
-Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional tensor of
-the per-sample losses of that rank's share of the validation split — and the shares
-need not be equal. Return the mean over *every* sample of *every* rank (a float or a
-zero-dimensional tensor), the same on all ranks: the loss one process would compute on
-the whole split. Use `torch.distributed.all_reduce`. The checker runs your cell in two
-gloo processes, the first holding five samples and the second three, and compares with
-the single-process mean (to `1e-6`, relative).
+Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional float32
+tensor of the per-sample losses of that rank's share of the validation split — and the
+shares need not be equal; one may even be empty. Return the mean over *every* sample of
+*every* rank (a float or a zero-dimensional tensor), the same on all ranks: the loss one
+process would compute on the whole split. Use `torch.distributed.all_reduce`. The
+checker runs your cell at 2, 3 and 4 gloo processes holding `5 + 3`, `5 + 3 + 1` and
+`6 + 0 + 3 + 1` samples, and compares with the single-process mean to float32 rounding.
 """
 
-EXACT_SKELETON = '''
+EXACT_SKELETON = """
 import torch
 import torch.distributed as dist
 
 
 def exact_val_loss(losses):
-    """The mean of every rank's per-sample losses, the same on every rank."""
+    \"\"\"The mean of every rank's per-sample losses, the same on every rank.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-EXACT_REFERENCE = '''
+EXACT_REFERENCE = """
 import torch
 import torch.distributed as dist
 
@@ -48,10 +50,10 @@ def exact_val_loss(losses):
     totals = torch.stack([losses.sum(), torch.tensor(float(losses.numel()))]).double()
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     return totals[0] / totals[1]
-'''
+"""
 
 EXACT_WRONG = {
-    "mean of the ranks' means (what sync_dist=True does)": '''
+    "mean of the ranks' means (what sync_dist=True does)": Mistake("""
 import torch
 import torch.distributed as dist
 
@@ -60,57 +62,110 @@ def exact_val_loss(losses):
     mean = losses.mean()
     dist.all_reduce(mean, op=dist.ReduceOp.SUM)
     return mean / dist.get_world_size()
-''',
-    "this rank's mean only": '''
+""", "average of the ranks' means"),
+    "this rank's mean only": Mistake("""
 def exact_val_loss(losses):
     return losses.mean()
-''',
+""", "it was not reduced over the ranks"),
+    "the sum, not the mean": Mistake("""
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    total = losses.sum()
+    dist.all_reduce(total)
+    return total
+""", "divide by the total count"),
+    "equal shares assumed": Mistake("""
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    total = losses.sum()
+    dist.all_reduce(total)
+    return total / (losses.numel() * dist.get_world_size())
+""", "this rank's count times the world size"),
+    "reduce to rank 0 only": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    totals = torch.stack([losses.sum(), torch.tensor(float(losses.numel()))])
+    dist.reduce(totals, dst=0)
+    return totals[0] / totals[1]
+""", "it was not reduced over the ranks"),
 }
 
 
-def _losses(rank: int):
-    """Per-sample losses spread over two orders of magnitude, split 5 / 3."""
+def _losses(rank: int, world_size: int):
+    """Per-sample losses of the whole split, over two orders of magnitude, and this rank's
+    share of them."""
     import torch
 
-    generator = torch.Generator().manual_seed(7)
-    every = torch.rand(sum(SHARES), generator=generator) * 10 ** torch.linspace(-1, 1, 8)
-    start = sum(SHARES[:rank])
-    return every, every[start:start + SHARES[rank]].clone()
+    shares = SHARES[world_size]
+    generator = torch.Generator().manual_seed(7 + world_size)
+    every = torch.rand(sum(shares), generator=generator) * 10 ** torch.linspace(
+        -1, 1, sum(shares))
+    start = sum(shares[:rank])
+    return every, every[start:start + shares[rank]].clone()
 
 
 def exact_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
-    every, mine = _losses(rank)
+    every, mine = _losses(rank, world_size)
     got = learner(namespace, "exact_val_loss")(mine)
     value = float(got.item() if hasattr(got, "item") else got)
+    local = mine.double()
     return {"got": value, "expected": float(every.double().mean()),
-            "local_mean": float(mine.double().mean()), "local_sum": float(mine.double().sum()),
-            "samples": mine.numel()}
+            "local_mean": float(local.mean()) if len(local) else float("nan"),
+            "local_sum": float(local.sum()), "samples": mine.numel()}
+
+
+def exact_tolerance(ranks: List[dict]) -> float:
+    """Relative: the float32 sum of N non-negative losses, in any order and over the
+    ranks (N − 1 additions), the count, and one division — γ_{N+1} (Higham 2002, §4.2)."""
+    return gamma(sum(r["samples"] for r in ranks) + 1)
 
 
 def exact_judge(ranks: List[dict]) -> tuple:
     expected = ranks[0]["expected"]
     values = [r["got"] for r in ranks]
-    if abs(values[0] - values[1]) > TOLERANCE * max(1.0, abs(values[0])):
-        return failed(f"rank 0 returns {values[0]:.6g} and rank 1 {values[1]:.6g}: every rank "
-                      "must return the same loss — it was not reduced over the ranks")
+    shares = " + ".join(str(r["samples"]) for r in ranks)
+    tolerance = exact_tolerance(ranks)
+    if any(abs(v - values[0]) > 2 * tolerance * abs(expected) or v != v for v in values):
+        return failed(f"the ranks return {', '.join(f'{v:.6g}' for v in values)}: every rank "
+                      "must return the same loss — it was not reduced over the ranks"
+                      + _unequal_why(values, ranks))
     gap = abs(values[0] - expected) / abs(expected)
-    if gap > TOLERANCE:
+    if not gap <= tolerance:
         return failed(f"your loss {values[0]:.6g} differs from the single-process loss "
-                      f"{expected:.6g} by {gap:.1e} (relative)" + _why(values[0], ranks))
-    return passed(f"{values[0]:.6g} on both ranks (5 and 3 samples) equals the single-process "
+                      f"{expected:.6g} by {gap:.1e} (relative; float32 rounding allows "
+                      f"{tolerance:.0e})" + _why(values[0], ranks))
+    return passed(f"{values[0]:.6g} on every rank ({shares} samples) equals the single-process "
                   f"loss to {gap:.0e}")
 
 
-def _why(value: float, ranks: List[dict]) -> str:
-    def near(x):
-        return abs(value - x) <= 1e-5 * max(1.0, abs(x))
+def _near(value: float, x: float) -> bool:
+    return abs(value - x) <= 1e-5 * max(1.0, abs(x))
 
+
+def _why(value: float, ranks: List[dict]) -> str:
     means = [r["local_mean"] for r in ranks]
-    if near(sum(means) / len(means)):
-        return (f": it is the average of the ranks' means — with {SHARES[0]} and {SHARES[1]} "
-                "samples they do not weigh the same; all-reduce the sum and the count")
-    if near(sum(r["local_sum"] for r in ranks)):
+    if _near(value, sum(means) / len(means)):
+        return (": it is the average of the ranks' means — with "
+                f"{' and '.join(str(r['samples']) for r in ranks)} samples they do not weigh "
+                "the same; all-reduce the sum and the count")
+    if _near(value, sum(r["local_sum"] for r in ranks)):
         return ": it is the sum over every sample — divide by the total count"
+    return ""
+
+
+def _unequal_why(values: List[float], ranks: List[dict]) -> str:
+    total = sum(r["local_sum"] for r in ranks)
+    if all(r["samples"] and _near(v, total / (r["samples"] * len(ranks)))
+           for v, r in zip(values, ranks)):
+        return (" (each rank divided the total by this rank's count times the world size: "
+                "the shares differ; all-reduce the count too)")
     return ""
 
 
@@ -122,31 +177,58 @@ PADDING_STATEMENT = """\
 Write `padded_duplicates(n_samples, world_size)`: how many extra, repeated samples
 `torch.utils.data.DistributedSampler` (with its default `drop_last=False`) adds so that
 every rank gets the same number — samples a validation metric then counts twice. The
-checker measures it by running the sampler on every rank for a range of sizes.
+checker measures it by running the sampler on every rank for a range of sizes: splits
+that divide evenly, and splits smaller than the world.
 """
 
-PADDING_SKELETON = '''
+PADDING_SKELETON = """
 def padded_duplicates(n_samples, world_size):
-    """Extra (repeated) samples DistributedSampler serves over all ranks."""
+    \"\"\"Extra (repeated) samples DistributedSampler serves over all ranks.\"\"\"
     raise NotImplementedError("your code here")
-'''
+"""
 
-PADDING_REFERENCE = '''
+PADDING_REFERENCE = """
 import math
 
 
 def padded_duplicates(n_samples, world_size):
     return math.ceil(n_samples / world_size) * world_size - n_samples
-'''
+"""
 
 PADDING_WRONG = {
-    "the remainder, not the padding": '''
+    "the remainder, not the padding": Mistake("""
 def padded_duplicates(n_samples, world_size):
     return n_samples % world_size
-''',
+""", "the remainder"),
+    "a whole world of padding when it divides": Mistake("""
+def padded_duplicates(n_samples, world_size):
+    return world_size - n_samples % world_size
+""", "divides evenly"),
+    "each rank's count": Mistake("""
+import math
+
+
+def padded_duplicates(n_samples, world_size):
+    return math.ceil(n_samples / world_size)
+""", "each rank's count"),
+    "what drop_last=True would drop": Mistake("""
+def padded_duplicates(n_samples, world_size):
+    return -(n_samples % world_size)
+""", "pads by default"),
+    "numpy's ceil gives a float": Mistake("""
+import numpy as np
+
+
+def padded_duplicates(n_samples, world_size):
+    return np.ceil(n_samples / world_size) * world_size - n_samples
+""", "a count of samples is an integer"),
+    "one repeat at most": Mistake("""
+def padded_duplicates(n_samples, world_size):
+    return 0 if n_samples % world_size == 0 else 1
+""", "as many repeats as it takes"),
 }
 
-PADDING_CASES = ((10, 4), (8, 2), (7, 3), (5, 8), (100, 7), (1001, 2))
+PADDING_CASES = ((10, 4), (8, 2), (7, 3), (5, 8), (100, 7), (1001, 2), (9, 3), (1, 4))
 
 
 def served(n_samples: int, world_size: int) -> int:
@@ -163,15 +245,38 @@ def padding_judge(namespace: dict) -> tuple:
     for n_samples, world_size in PADDING_CASES:
         expected = served(n_samples, world_size) - n_samples
         got = mine(n_samples, world_size)
-        if got != expected:
+        if got != expected or not is_integer(got):
             return failed(f"for {n_samples} samples on {world_size} ranks yours says {got!r}; "
-                          f"the sampler serves {n_samples + expected}, so {expected} repeated")
+                          f"the sampler serves {n_samples + expected}, so {expected} repeated"
+                          + _padding_hint(got, n_samples, world_size, expected))
     return passed(f"matches what DistributedSampler served in {len(PADDING_CASES)} set-ups")
+
+
+def _padding_hint(got, n: int, world: int, expected: int) -> str:
+    per_rank = -(-n // world)
+    if got == expected and not is_integer(got):
+        return ": a count of samples is an integer"
+    for candidate, hint in (
+            (n % world, "that is the remainder; the padding fills the last round up to the "
+             "world size"),
+            (world - n % world, "when the split divides evenly there is no padding"),
+            (per_rank, "that is each rank's count; the padding is the ranks' total minus "
+             "the samples"),
+            (-(n % world), "DistributedSampler pads by default (drop_last=False): it adds, "
+             "it does not drop"),
+            (min(1, n % world), "as many repeats as it takes to give every rank the same "
+             "count, not one")):
+        if got == candidate:
+            return f": {hint}"
+    if not is_integer(got):
+        return ": a count of samples is an integer"
+    return ""
 
 
 EXERCISES = [
     Exercise("metrics.exact_val_loss", EXACT_STATEMENT, EXACT_SKELETON, EXACT_REFERENCE,
              EXACT_WRONG, exact_judge, rank_task=exact_rank_task, names=("exact_val_loss",)),
     Exercise("metrics.padding", PADDING_STATEMENT, PADDING_SKELETON, PADDING_REFERENCE,
-             PADDING_WRONG, padding_judge, names=("padded_duplicates",)),
+             PADDING_WRONG, padding_judge, names=("padded_duplicates",),
+             forbidden=("torch.utils.data.distributed",)),
 ]

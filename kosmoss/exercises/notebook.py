@@ -11,7 +11,7 @@ from typing import List
 from ..core.errors import UsageError
 from .core import Exercise, marked_id, notebook_glob
 
-INSTALL_HINT = 'pip install "kosmoss[lessons]"'
+INSTALL_HINT = 'in kosmoss\'s checkout: pip install torch==2.13.0 -e ".[lessons]"'
 WORKING_FOLDER = Path("kosmoss-lessons")  # `kosmoss lessons`' default --dest
 MANIFEST = ".kosmoss-lessons.json"  # what `kosmoss lessons` writes in its working folder
 

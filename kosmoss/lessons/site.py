@@ -50,7 +50,8 @@ MARKER = ".kosmoss-site.json"
 LESSON_PATTERN = re.compile(r"\A(?:executed-)?(\d\d[a-z]?_\w+)\.ipynb\Z")
 EXECUTED_PREFIX = "executed-"  # how tests/lessons names the notebooks it ran
 CELL_TIMEOUT_S = 600  # lesson 8's `kosmoss bench --quick` cell is the longest
-INSTALL_HINT = 'pip install "kosmoss[lessons]"'
+# kosmoss is installed from its checkout, with the pinned CPU torch (README.md).
+INSTALL_HINT = 'pip install torch==2.13.0 -e ".[lessons]" in the kosmoss checkout'
 EXERCISE_MARK = re.compile(r"\A#\s*exercise:\s*(\S+)")
 CHECKER_CALL = "from kosmoss.exercises import check"
 # Where a relative link names a Markdown page, the site has its HTML page.

@@ -195,9 +195,14 @@ def step_progresses(fit_loop: dict) -> Tuple[dict, dict, dict]:
 
 def bucket_assignment(tensors, caps) -> list:
     """DDP's own split of gradients into buckets (reverse order, size caps)."""
+    return bucket_assignment_function()(tensors, caps)
+
+
+def bucket_assignment_function():
+    """The built-in itself: lesson 9's checker tells a learner who calls it so."""
     import torch.distributed as dist
 
-    return dist._compute_bucket_assignment_by_size(tensors, caps)
+    return dist._compute_bucket_assignment_by_size
 
 
 def flatten(tensors):

@@ -133,7 +133,7 @@ def test_without_jupytext_the_py_lessons_are_copied_and_it_says_so(tmp_path, mon
 def test_without_jupyterlab_it_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(command, "installed", lambda module: module != "jupyterlab")
     assert cli.main(["lessons", "--dest", str(tmp_path)]) == 0
-    assert 'pip install "kosmoss[lessons]"' in capsys.readouterr().out
+    assert 'pip install torch==2.13.0 -e ".[lessons]"' in capsys.readouterr().out
 
 
 @pytest.mark.slow

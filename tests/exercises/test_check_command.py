@@ -10,6 +10,7 @@ import pytest
 
 from kosmoss import cli
 from kosmoss.exercises import exercises
+from kosmoss.exercises import distributed
 from kosmoss.exercises.core import find
 from kosmoss.exercises.notebook import MANIFEST, default_notebook
 
@@ -26,7 +27,8 @@ def notebook(path, cells):
 
 def answer(exercise_id, which="reference"):
     exercise = find(exercise_id)
-    body = exercise.reference if which == "reference" else next(iter(exercise.wrong.values()))
+    body = (exercise.reference if which == "reference"
+            else next(iter(exercise.mistakes.values())).body)
     return exercise.cell(body)
 
 
@@ -38,7 +40,7 @@ def test_list_names_every_exercise(capsys):
     assert cli.main(["check", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [e.id for e in exercises()]
-    assert any(line.startswith("03.average_gradients") and "2 gloo processes" in line
+    assert any(line.startswith("03.average_gradients") and "2, 3 and 4 gloo processes" in line
                for line in lines)
     assert cli.main(["check", "--list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
@@ -116,3 +118,57 @@ def test_checker_cell_in_a_real_kernel_runs_the_cell_in_two_ranks(tmp_path):
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     printed = "".join(o.get("text", "") for o in book.cells[1].outputs)
     assert printed.startswith("correct: metrics.exact_val_loss — "), book.cells[1].outputs
+
+
+# A cell for 04.warmup_lr that is bad input in each way a learner's notebook can be.
+BAD_WARMUP = {
+    "defines another name": ("def warm_up(step, warmup_steps, base_lr, target_lr):\n"
+                             "    return target_lr\n",
+                             "does not define `warmup_lr` (it defines `warm_up`)"),
+    "a syntax error": ("def warmup_lr(step, warmup_steps, base_lr, target_lr)\n"
+                       "    return target_lr\n", "SyntaxError"),
+    "hangs": ("def warmup_lr(step, warmup_steps, base_lr, target_lr):\n"
+              "    while True:\n        pass\n", "did not finish within 8 s"),
+    "prints megabytes": ("import sys\n\n\ndef warmup_lr(step, warmup_steps, base_lr, target_lr):\n"
+                         "    for _ in range(200):\n        print('x' * 10000)\n"
+                         "        print('y' * 10000, file=sys.stderr)\n"
+                         "    return target_lr\n", "printed more than 1 MiB"),
+    "kills its own process": ("import os, signal\n\n\n"
+                              "def warmup_lr(step, warmup_steps, base_lr, target_lr):\n"
+                              "    os.kill(os.getpid(), signal.SIGKILL)\n",
+                              "was killed by SIGKILL"),
+    "calls sys.exit": ("import sys\n\n\ndef warmup_lr(step, warmup_steps, base_lr, target_lr):\n"
+                       "    sys.exit(3)\n", "SystemExit"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", BAD_WARMUP)
+def test_a_bad_cell_is_one_line_exit_2_and_the_others_are_still_checked(kind, tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.setattr(distributed, "EXERCISE_TIMEOUT_S", 8.0)
+    cell, says = BAD_WARMUP[kind]
+    path = notebook(tmp_path / "04_mine.py", [
+        "# exercise: 04.warmup_lr\n" + cell, answer("04.scaled_lr")])
+    before = sha(path)
+    assert cli.main(["check", "04", "--notebook", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "correct: 04.scaled_lr — " in out, out
+    assert err.startswith("kosmoss check: error: 04.warmup_lr — ") and err.count("\n") == 1, err
+    assert says in err, err
+    assert len(out) < 2000, "what the cell printed is not shown"
+    assert sha(path) == before
+
+
+@pytest.mark.slow
+def test_a_rank_that_ends_its_process_is_named_and_the_next_exercise_still_checked(tmp_path,
+                                                                                  capsys):
+    path = notebook(tmp_path / "03_mine.ipynb", [
+        "# exercise: 03.average_gradients\nimport os, signal\nimport torch.distributed as dist"
+        "\n\n\ndef average_gradients(model):\n    if dist.get_rank() == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n", answer("03.per_device_batch")])
+    assert cli.main(["check", "03", "--notebook", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "correct: 03.per_device_batch — " in out, out
+    assert err.startswith("kosmoss check: error: 03.average_gradients — the checker's process 1 "
+                          "was killed by SIGKILL"), err

@@ -1,31 +1,86 @@
-"""Every checker, run for real: on its reference solution it must say "correct", on each
-wrong solution what differs, on the shipped skeleton "not answered yet". The distributed
-ones run in 2 gloo processes, all in one launch."""
+"""Every checker, run for real, on every answer its exercise's catalogue lists.
+
+- The reference solution is "correct" (for a distributed exercise: at 2, 3 and 4 ranks).
+- Every catalogued mistake is rejected with a message that names it (``Mistake.says``),
+  and, for a distributed exercise, at exactly the world sizes where it is wrong: a
+  hard-coded world size of 2 passes at 2 ranks and must fail at 3 and 4.
+- The shipped skeleton is "not answered yet".
+
+The in-process exercises run in one launch of one process, the distributed ones in one
+launch of 4 gloo processes (starting interpreters costs more than the checks).
+"""
 from __future__ import annotations
 
 import re
 
 import pytest
+from right_answers import RIGHT
 
 from kosmoss.exercises import check, exercises, skeleton, statement
-from kosmoss.exercises.core import CORRECT, ERROR, LESSON_MODULES, WRONG, find, marked_id, run_cell
+from kosmoss.exercises.core import (CORRECT, ERROR, LESSON_MODULES, WORLD_SIZES, WRONG, find,
+                                    marked_id, run_cell)
 from kosmoss.exercises.judging import cell_source, judge_sources
 
 ALL = exercises()
 IN_PROCESS = [e for e in ALL if not e.distributed]
 DISTRIBUTED = [e for e in ALL if e.distributed]
+REJECTED = (WRONG, ERROR)  # a mistake that raises (a division by zero) is rejected too
+
+
+def _catalogue_items(chosen):
+    """(exercise, mistake name — None for the reference, "right N" for another right
+    answer — cell source)."""
+    items = []
+    for exercise in chosen:
+        items.append((exercise, None, exercise.cell(exercise.reference)))
+        items += [(exercise, f"right {i}", exercise.cell(body))
+                  for i, body in enumerate(RIGHT.get(exercise.id, []))]
+        items += [(exercise, name, exercise.cell(m.body))
+                  for name, m in exercise.mistakes.items()]
+    return items
+
+
+def _judged(chosen, **limits):
+    items = _catalogue_items(chosen)
+    verdicts = judge_sources([(e, source) for e, _, source in items], **limits)
+    judged = {}
+    for (exercise, name, _), verdict in zip(items, verdicts):
+        judged.setdefault(exercise.id, {})[name] = verdict
+    return judged
+
+
+@pytest.fixture(scope="module")
+def in_process_verdicts():
+    return _judged(IN_PROCESS)
+
+
+@pytest.fixture(scope="module")
+def distributed_verdicts():
+    return _judged(DISTRIBUTED, exercise_timeout_s=600)  # no entry hangs: a loaded CI is slow
 
 
 def test_every_lesson_has_one_to_three_exercises():
     per_lesson = {lesson: [e for e in ALL if e.lesson == lesson] for lesson in LESSON_MODULES}
     assert all(1 <= len(found) <= 3 for found in per_lesson.values()), per_lesson
     assert len({e.id for e in ALL}) == len(ALL)
-    assert {e.id for e in DISTRIBUTED} >= {"03.average_gradients", "metrics.exact_val_loss"}
+    assert {e.id for e in DISTRIBUTED} >= {"03.average_gradients", "metrics.exact_val_loss",
+                                           "09.ring_all_reduce", "10.sum_stats",
+                                           "11.zero1_step"}
+
+
+def test_every_exercise_has_a_right_answer_written_another_way():
+    missing = [e.id for e in ALL if not RIGHT.get(e.id)]
+    assert not missing, f"add a right answer to tests/exercises/right_answers.py: {missing}"
 
 
 @pytest.mark.parametrize("exercise", ALL, ids=lambda e: e.id)
 def test_exercise_is_complete(exercise):
-    assert exercise.wrong, "at least one wrong solution"
+    assert len(exercise.mistakes) >= 4, "a catalogue of at least four plausible mistakes"
+    for name, mistake in exercise.mistakes.items():
+        assert len(mistake.says) >= 8, f"{name}: the phrase its verdict must hold"
+        assert set(exercise.wrong_at(name)) <= set(exercise.world_sizes or (0,)) | {0}, name
+    if exercise.distributed:
+        assert exercise.world_sizes == WORLD_SIZES
     assert statement(exercise.id).startswith(f"**{exercise.title}**")
     assert marked_id(skeleton(exercise.id)) == exercise.id
     assert exercise.checker_cell == (f'from kosmoss.exercises import check; '
@@ -36,24 +91,45 @@ def test_exercise_is_complete(exercise):
 
 
 @pytest.mark.parametrize("exercise", IN_PROCESS, ids=lambda e: e.id)
-def test_checker_accepts_reference_and_names_each_mistake(exercise):
-    items = [(exercise, exercise.cell(exercise.reference))]
-    items += [(exercise, exercise.cell(wrong)) for wrong in exercise.wrong.values()]
-    reference, *wrongs = judge_sources(items)
-    assert reference.status == CORRECT, reference.line
-    for name, verdict in zip(exercise.wrong, wrongs):
-        assert verdict.status == WRONG, (name, verdict.line)
-        assert "not answered" not in verdict.message and len(verdict.message) > 20, verdict.line
+def test_checker_accepts_reference_and_names_each_mistake(exercise, in_process_verdicts):
+    judged = in_process_verdicts[exercise.id]
+    assert judged[None].status == CORRECT, judged[None].line
+    for i, _ in enumerate(RIGHT.get(exercise.id, [])):
+        assert judged[f"right {i}"].status == CORRECT, judged[f"right {i}"].line
+    for name, mistake in exercise.mistakes.items():
+        verdict = judged[name]
+        assert verdict.status in REJECTED, (name, verdict.line)
+        assert mistake.says in verdict.message, (name, mistake.says, verdict.line)
 
 
 @pytest.mark.slow
-def test_distributed_checkers_in_one_two_process_launch():
+@pytest.mark.parametrize("exercise", DISTRIBUTED, ids=lambda e: e.id)
+def test_distributed_checker_rejects_each_mistake_where_it_is_wrong(exercise,
+                                                                    distributed_verdicts):
+    judged = distributed_verdicts[exercise.id]
+    reference = judged[None]
+    assert reference.status == CORRECT, reference.line
+    assert [(size, ok) for size, ok, _ in reference.per_world_size] == \
+        [(size, True) for size in WORLD_SIZES]
+    for i, _ in enumerate(RIGHT.get(exercise.id, [])):
+        assert judged[f"right {i}"].status == CORRECT, judged[f"right {i}"].line
+    for name, mistake in exercise.mistakes.items():
+        verdict = judged[name]
+        assert verdict.status in REJECTED, (name, verdict.line)
+        assert mistake.says in verdict.message, (name, mistake.says, verdict.line)
+        if verdict.status == WRONG:
+            wrong_at = tuple(size for size, ok, _ in verdict.per_world_size if not ok)
+            assert wrong_at == exercise.wrong_at(name), (name, verdict.per_world_size)
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_or_is_left_alone_is_an_error_naming_the_rank():
     average, exact = find("03.average_gradients"), find("metrics.exact_val_loss")
     only_rank0 = average.cell('''
         import torch.distributed as dist
 
         def average_gradients(model):
-            if dist.get_rank() == 0:  # rank 1 never joins: rank 0 waits, then times out
+            if dist.get_rank() == 0:  # the others never join: rank 0 waits, then times out
                 for parameter in model.parameters():
                     dist.all_reduce(parameter.grad)
         ''')
@@ -61,18 +137,12 @@ def test_distributed_checkers_in_one_two_process_launch():
         def exact_val_loss(losses):
             return losses.sum() / 0 if False else 1 // 0
         ''')
-    cases = ([(e, e.cell(e.reference), CORRECT) for e in DISTRIBUTED]
-             + [(e, e.cell(w), WRONG) for e in DISTRIBUTED for w in e.wrong.values()]
-             + [(exact, raising, ERROR), (average, only_rank0, ERROR)])
-    verdicts = judge_sources([(e, source) for e, source, _ in cases], timeout_s=3)
-    assert [v.status for v in verdicts] == [status for *_, status in cases], \
-        "\n".join(v.line for v in verdicts)
-    lines = {v.line for v in verdicts}
-    assert any("2x DDP's" in line and "divide by the world size" in line for line in lines)
-    assert any("average of the ranks' means" in line for line in lines)
-    assert "ZeroDivisionError" in verdicts[-2].message
-    assert "line 3 of your cell" in verdicts[-2].message
-    assert verdicts[-1].message.startswith("rank 0: was left alone in a collective")
+    verdicts = judge_sources([(exact, raising), (average, only_rank0)], timeout_s=3)
+    assert [v.status for v in verdicts] == [ERROR, ERROR], [v.line for v in verdicts]
+    assert "ZeroDivisionError" in verdicts[0].message
+    assert "line 3 of your cell" in verdicts[0].message
+    assert verdicts[0].message.startswith("at 2 ranks, rank 0: ")
+    assert verdicts[1].message.startswith("at 2 ranks, rank 0: was left alone in a collective")
 
 
 def test_untouched_skeleton_is_not_answered_without_starting_processes():
@@ -83,7 +153,7 @@ def test_untouched_skeleton_is_not_answered_without_starting_processes():
 def test_checker_cell_prints_one_line_and_never_raises(capsys):
     exercise = find("04.scaled_lr")
     assert check("04.scaled_lr", run_cell(exercise, exercise.cell(exercise.reference))) is True
-    wrong = run_cell(exercise, exercise.cell(next(iter(exercise.wrong.values()))))
+    wrong = run_cell(exercise, exercise.cell(next(iter(exercise.mistakes.values())).body))
     assert check("04.scaled_lr", wrong) is False
     raising = run_cell(exercise, exercise.cell('''
         def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):

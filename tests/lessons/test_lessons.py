@@ -6,8 +6,8 @@ shared by all lessons so each dataset is prepared once, with ``KOSMOSS_LESSON_QU
 (lesson 4's experiment at half length; its verdict is still computed and asserted). Each
 exercise cell gets its reference solution and its checker cell must print ``correct``.
 The lessons assert their own claims, so a wrong number fails here. Cheap checks of their
-shape (what you will learn, time, exercises, a GPU note, no number or verdict stated in
-prose) run first.
+shape (what you will learn, time, exercises, a GPU note, no number — in digits, in words
+or as inline code — and no verdict stated in prose) run first.
 """
 from __future__ import annotations
 
@@ -32,6 +32,22 @@ EXERCISE_LINE = re.compile(r"\A# exercise: (\S+)")
 # A verdict stated in prose instead of computed: the lessons print these from variables.
 VERDICT = re.compile(r"(?i)\b(wins|won|beats|outperforms?|(is|are|was|were) (clearly )?"
                      r"(better|worse|faster|slower) than)\b")
+# Numbers written as words. "one" to "nine" alone name a set-up ("two ranks"); from "ten"
+# up, or as an estimate ("some seventy"), a ratio ("three times", "twice as") or a share
+# ("half an hour", "a third of"), a word is a figure that the lesson must compute instead.
+_UNITS = "one|two|three|four|five|six|seven|eight|nine"
+_LARGE = ("ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|"
+          "twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundreds?|thousands?|"
+          "millions?|billions?|dozens?")
+_COUNT = rf"(?:(?:{_LARGE})(?:-(?:{_UNITS}))?|{_UNITS})"
+NUMBER_WORDS = re.compile(
+    rf"(?i)\b(?:(?:some|about|around|roughly|nearly|almost|approximately|over|under|more than"
+    rf"|less than|at least|at most)\s+(?:{_COUNT}|a few|half)"
+    rf"|{_COUNT}\s+times|(?:{_LARGE})(?:-(?:{_UNITS}))?"
+    rf"|(?:twice|half)\s+(?:as|the|an?)|a (?:third|quarter|half) of)\b")
+# Inline code that is only a number (with a unit): a figure dressed as code.
+INLINE_NUMBER = re.compile(r"`\s*[~≈<>]?\s*[-+]?\d[\d.,_]*(?:e[-+]?\d+)?\s*"
+                           r"(?:%|x|×|[kKMG]i?B?|B|ms|µs|us|s|min|h|W m-2)?\s*`")
 
 
 def _read(path):
@@ -48,7 +64,9 @@ def stated_numbers(markdown: str) -> list:
     """Numbers written in prose. Code (fenced or inline), HTML tags, link targets, the
     lesson's own number and its time estimate are not prose."""
     text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    code_numbers = [m.group(0) for m in INLINE_NUMBER.finditer(text)]
     text = re.sub(r"`[^`]*`", " ", text)
+    words = [m.group(0) for m in NUMBER_WORDS.finditer(re.sub(r"<[^>]*>|\]\([^)]*\)", " ", text))]
     text = re.sub(r"(?m)^\s*\d+\.\s", " ", text)  # a numbered list's markers
     text = re.sub(r"<[^>]*>|\]\([^)]*\)", " ", text)
     text = re.sub(r"(?i)lessons? \d+b?(( and|,|–| to) \d+b?)*|" + TIME_LINE, " ", text)
@@ -58,7 +76,7 @@ def stated_numbers(markdown: str) -> list:
     text = re.sub(r"\b(rank|node)s?\s+\d+( and \d+)?", " ", text)  # names of ranks and nodes
     text = re.sub(r"\b(Lightning|PyTorch|torch|Python|Horovod|CUDA|NCCL)\s+\d([\d.]*\d)?",
                   " ", text)  # versions
-    return re.findall(r"(?<![\w.\-+/^])\d[\d.,]*(?![\w])", text)
+    return re.findall(r"(?<![\w.\-+/^])\d[\d.,]*(?![\w])", text) + words + code_numbers
 
 
 def lesson_id(name: str) -> str:
@@ -120,6 +138,18 @@ def test_verdict_words_are_found_in_prose_only():
     assert VERDICT.search("so the linear rule wins at k = 16")
     assert VERDICT.search("Adam is clearly better than SGD")
     assert not VERDICT.search("which rule is best? The cell below prints it")
+
+
+def test_stated_numbers_finds_numbers_written_as_words_or_as_code():
+    assert stated_numbers("some seventy trainings, thirty-two times larger, in half an hour") \
+        == ["some seventy", "thirty-two times", "half an"]
+    assert stated_numbers("a hundred runs; twice as fast; a third of the memory; over half") \
+        == ["hundred", "twice as", "a third of", "over half"]
+    assert stated_numbers("the loss is `0.013`, a share of `25 %`, `4K` bytes") == \
+        ["`0.013`", "`25 %`", "`4K`"]
+    assert stated_numbers("two ranks, one process, three seeds; `--max-steps 20`, `k = 8`, "
+                          "`2(n-1)/n`, `W = nodes × devices`") == []
+    assert stated_numbers("Seventy") == ["Seventy"]
 
 
 def test_stated_numbers_finds_prose_numbers_only():
@@ -231,7 +261,9 @@ def _end_ghosts() -> list:
     from kosmoss.ghosts.find import KOSMOSS_GHOSTS, find_ghosts
     from kosmoss.ghosts.end import end_ghosts
 
-    ghosts = [g for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS]
+    # This lesson's runs only (home None: the current KOSMOSS_HOME, the lesson's own): on a
+    # shared machine another user's or another test's ghosts are theirs to end.
+    ghosts = [g for g in find_ghosts() if g.kind in KOSMOSS_GHOSTS and g.home is None]
     end_ghosts(ghosts, grace=2)
     return [(g.pid, g.kind, g.command[:80]) for g in ghosts]
 

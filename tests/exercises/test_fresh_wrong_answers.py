@@ -1,0 +1,390 @@
+"""Wrong answers written after the checkers were finished, as a learner would write them,
+without reading the catalogues: none of them is in a catalogue, and every one must be
+rejected (wrong, or an error that names the line) with a message longer than "wrong"."""
+from __future__ import annotations
+
+import pytest
+
+from kosmoss.exercises.core import ERROR, WRONG, find
+from kosmoss.exercises.judging import judge_sources
+
+FRESH = [
+    ("01.feature_counts", "136 interfaces hard-coded", '''
+def feature_counts(levels):
+    return 17 + 27 * levels + 2 * (levels + 1) + 136, 4 * (levels + 1)
+'''),
+    ("01.feature_counts", "targets off by a few", '''
+def feature_counts(levels):
+    return 17 + 27 * levels + 2 * (levels + 1) + (levels - 1), 4 * levels + 1
+'''),
+    ("01.normalise", "NaN turned into 0 afterwards", '''
+import torch
+
+
+def normalise(x):
+    return torch.nan_to_num((x - x.mean(0)) / x.std(0))
+'''),
+    ("01.normalise", "min-max scaling", '''
+import torch
+
+
+def normalise(x):
+    low, high = x.min(0).values, x.max(0).values
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+    return (x - low) / span
+'''),
+    ("01.normalise", "one mean for the whole batch", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(0)
+    keep = std > 1e-6 * x.abs().mean(0)
+    return torch.where(keep, (x - x.mean()) / torch.where(keep, std, 1.0), 0.0)
+'''),
+    ("02.predict_wm2", "the bare network", '''
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    with torch.no_grad():
+        return LitMLP.load_from_checkpoint(checkpoint_path).net(x)
+'''),
+    ("02.predict_wm2", "predict_step", '''
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    return LitMLP.load_from_checkpoint(checkpoint_path).predict_step(x, 0)
+'''),
+    ("02.optimizer_steps", "one formula for everything", '''
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(n_train * epochs / (batch_size * accumulate_grad_batches))
+'''),
+    ("02.optimizer_steps", "plus one for the last batch", '''
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return (n_train // batch_size + 1) * epochs // accumulate_grad_batches
+'''),
+    ("03.per_device_batch", "each factor divides", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    if global_batch_size % num_nodes or global_batch_size % devices_per_node:
+        raise ValueError("does not divide")
+    return global_batch_size // (num_nodes * devices_per_node)
+'''),
+    ("03.per_device_batch", "rounded", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    return round(global_batch_size / (num_nodes * devices_per_node))
+'''),
+    ("04.scaled_lr", "operator precedence in the square root", '''
+def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
+    k = effective_batch_size / base_batch_size
+    if rule == "sqrt":
+        return base_lr * k ** 1 / 2
+    return base_lr * k if rule == "linear" else base_lr
+'''),
+    ("04.warmup_lr", "step + 1", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if step >= warmup_steps:
+        return target_lr
+    return base_lr + (target_lr - base_lr) * (step + 1) / warmup_steps
+'''),
+    ("04.warmup_lr", "min of the ramp", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    return min(target_lr, base_lr + (target_lr - base_lr) * step / warmup_steps)
+'''),
+    ("05.device_for", "no index in the name", '''
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    return "cuda" if wants and visible_gpus else "cpu"
+'''),
+    ("05.device_for", "force ignores what is visible", '''
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    if machine == "force":
+        return f"cuda:{machine_index or 0}"
+    if machine == "offer" and run_asks_gpu and visible_gpus:
+        index = machine_index or 0
+        return f"cuda:{index if index < visible_gpus else 0}"
+    return "cpu"
+'''),
+    ("05.memory_share", "gloo as soon as several ranks", '''
+import math
+
+
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    backend = "nccl" if ranks_on_host == 1 else "gloo"
+    return backend, 1.0 / math.ceil(ranks_on_host / gpus_on_host)
+'''),
+    ("05.memory_share", "a share above one", '''
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    backend = "nccl" if ranks_on_host <= gpus_on_host else "gloo"
+    return backend, gpus_on_host / ranks_on_host
+'''),
+    ("06.port_holder", "compares with a string", '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections():
+        if c.status == "LISTEN" and c.laddr[1] == str(port):
+            return c.pid
+    return None
+'''),
+    ("06.port_holder", "looks in the command lines", '''
+import psutil
+
+
+def port_holder(port):
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if str(port) in " ".join(process.info["cmdline"] or []):
+            return process.info["pid"]
+    return None
+'''),
+    ("07.rank_arithmetic", "devices per node minus one", '''
+def rank_of(node_rank, local_rank, devices_per_node):
+    return node_rank * (devices_per_node - 1) + local_rank
+
+
+def place_of(rank, devices_per_node):
+    return rank // devices_per_node, rank % devices_per_node
+'''),
+    ("07.rank_arithmetic", "place from rank - 1", '''
+def rank_of(node_rank, local_rank, devices_per_node):
+    return node_rank * devices_per_node + local_rank
+
+
+def place_of(rank, devices_per_node):
+    return (rank - 1) // devices_per_node, rank % devices_per_node
+'''),
+    ("08.training_memory", "forgets the input batch", '''
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    params = sum(p.numel() for p in model.parameters())
+    outputs = 0
+    width = None
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            width = layer.out_features
+        outputs += width
+    return 16 * params + 4 * batch_size * (outputs + width)
+'''),
+    ("08.training_memory", "megabytes, not bytes", '''
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    params = sum(p.numel() for p in model.parameters())
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    width = linears[0].in_features + linears[-1].out_features
+    features = linears[0].in_features
+    for layer in model:
+        features = layer.out_features if isinstance(layer, nn.Linear) else features
+        width += features
+    return (16 * params + 4 * batch_size * width) / 1e6
+'''),
+    ("08.bandwidths", "GB/s", '''
+def bandwidths(nbytes, seconds, world_size):
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+'''),
+    ("08.bandwidths", "time over size", '''
+def bandwidths(nbytes, seconds, world_size):
+    algbw = seconds / nbytes
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+'''),
+    ("metrics.padding", "per-rank difference", '''
+import math
+
+
+def padded_duplicates(n_samples, world_size):
+    return math.ceil(n_samples / world_size) - n_samples // world_size
+'''),
+    ("09.buckets", "elements, not bytes", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    buckets, current, size, limit = [], [], 0, first_cap
+    for index, nbytes in enumerate(grad_bytes):
+        current.append(index)
+        size += nbytes // 4
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap
+    if current:
+        buckets.append(current)
+    return buckets
+'''),
+    ("09.buckets", "bucket sizes, not indices", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    buckets, current, limit = [], [], first_cap
+    for nbytes in grad_bytes:
+        current.append(nbytes)
+        if sum(current) >= limit:
+            buckets.append(current)
+            current, limit = [], cap
+    if current:
+        buckets.append(current)
+    return buckets
+'''),
+    ("10.stragglers", "always the busiest", '''
+def stragglers(busy_ms, wait_ms):
+    return [busy_ms.index(max(busy_ms))]
+'''),
+    ("10.stragglers", "the one that waits least", '''
+def stragglers(busy_ms, wait_ms):
+    return [wait_ms.index(min(wait_ms))]
+'''),
+    ("11.accumulate", "split by size", '''
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    optimizer.zero_grad()
+    size = len(x) // micro_batches
+    for x_part, y_part in zip(x.split(size), y.split(size)):
+        (torch.nn.functional.mse_loss(model(x_part), y_part) / micro_batches).backward()
+    optimizer.step()
+'''),
+    ("11.accumulate", "no step", '''
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    optimizer.zero_grad()
+    for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
+        loss.backward()
+'''),
+]
+
+FRESH_DISTRIBUTED = [
+    ("03.average_gradients", "divides by the number of parameters", '''
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    parameters = list(model.parameters())
+    for p in parameters:
+        dist.all_reduce(p.grad)
+        p.grad /= len(parameters)
+'''),
+    ("03.average_gradients", "the last layer only, as in a fine-tuning recipe", '''
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for p in list(model.parameters())[-2:]:
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+'''),
+    ("metrics.exact_val_loss", "mean times count, over the ranks' counts assumed equal", '''
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    weighted = losses.mean() * len(losses)
+    dist.all_reduce(weighted)
+    return weighted / (len(losses) * dist.get_world_size())
+'''),
+    ("09.ring_all_reduce", "the ring turned the other way", '''
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    for step in range(n - 1):
+        out, into = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+        request = dist.isend(out.clone(), (rank - 1) % n)
+        got = torch.empty_like(into)
+        dist.recv(got, (rank + 1) % n)
+        request.wait()
+        into += got
+    for step in range(n - 1):
+        out, into = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
+        request = dist.isend(out.clone(), (rank - 1) % n)
+        got = torch.empty_like(into)
+        dist.recv(got, (rank + 1) % n)
+        request.wait()
+        into.copy_(got)
+    return tensor
+'''),
+    ("09.ring_all_reduce", "the all-gather writes one chunk too far", '''
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    for step in range(n - 1):
+        out, into = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+        request = dist.isend(out.clone(), (rank + 1) % n)
+        got = torch.empty_like(into)
+        dist.recv(got, (rank - 1) % n)
+        request.wait()
+        into += got
+    for step in range(n - 1):
+        out, into = chunks[(rank + 1 - step) % n], chunks[(rank - step - 1) % n]
+        request = dist.isend(out.clone(), (rank + 1) % n)
+        got = torch.empty_like(into)
+        dist.recv(got, (rank - 1) % n)
+        request.wait()
+        into.copy_(got)
+    return tensor
+'''),
+    ("10.sum_stats", "the maximum", '''
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([stats[n] for n in names], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return dict(zip(names, values.tolist()))
+'''),
+    ("11.zero1_step", "momentum kept, but the step takes the gradient", '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if i % world == rank:
+                buf = state.setdefault(i, torch.zeros_like(p))
+                buf.mul_(0.9).add_(p.grad)
+                p.sub_(lr * p.grad)
+            dist.broadcast(p, src=i % world)
+'''),
+]
+
+
+def _check(cases, **limits):
+    items = [(find(exercise_id), find(exercise_id).cell(body)) for exercise_id, _, body in cases]
+    return judge_sources(items, **limits)
+
+
+def _rejected(cases, verdicts):
+    for (exercise_id, name, _), verdict in zip(cases, verdicts):
+        assert verdict.status in (WRONG, ERROR), (exercise_id, name, verdict.line)
+        assert len(verdict.message) > 30, (exercise_id, name, verdict.line)
+
+
+def test_fresh_wrong_answers_are_rejected():
+    _rejected(FRESH, _check(FRESH))
+
+
+@pytest.mark.slow
+def test_fresh_wrong_distributed_answers_are_rejected():
+    _rejected(FRESH_DISTRIBUTED, _check(FRESH_DISTRIBUTED))
