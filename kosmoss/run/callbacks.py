@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -21,7 +21,15 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
     """Lightning's ModelCheckpoint, whose ``last.ckpt`` also holds the final step. Lightning
     saves ``last`` after each validation and, at the end of training, only if it never saved
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
-    it to train further trained the steps after that validation a second time."""
+    it to train further trained the steps after that validation a second time. An epoch
+    that a stop (``interrupted``) cut short is no epoch's end: nothing is saved then, as in
+    a run never stopped (``preempted.ckpt`` holds that step)."""
+
+    def __init__(self, *args, interrupted: Callable[[], bool] = lambda: False,
+                 **kwargs) -> None:
+        # One run folder, one run: a resumed attempt replaces last.ckpt, never last-v1.ckpt.
+        super().__init__(*args, enable_version_counter=False, **kwargs)
+        self.interrupted = interrupted
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # --max-steps can end the first epoch before any validation: no val_loss yet to rank
@@ -29,12 +37,30 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
         # either way). on_train_end below still saves last.ckpt.
         if self.monitor is not None and self.monitor not in trainer.callback_metrics:
             return
-        super().on_train_epoch_end(trainer, pl_module)
+        if not self.interrupted():
+            super().on_train_epoch_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.interrupted():
+            return  # Lightning's own would save last.ckpt at the stop
         if self.save_last and private.last_saved_step(self) != trainer.global_step:
             private.save_last(self, trainer)
         super().on_train_end(trainer, pl_module)
+
+    def finish(self, trainer: pl.Trainer) -> None:
+        """After a fit that had nothing to train (a resume at its end): last.ckpt holds the
+        final step all the same."""
+        if self.save_last and private.last_saved_step(self) != trainer.global_step:
+            private.save_last(self, trainer)
+
+
+class LogsWithCheckpoints(LeanCallback):
+    """The loggers write their rows before every checkpoint: a run killed after one resumes
+    from it with every row up to it on disk (the CSV logger writes every 100 steps)."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        for logger in trainer.loggers:
+            logger.save()
 
 
 class ThroughputMeter(LeanCallback):
@@ -54,6 +80,7 @@ class ThroughputMeter(LeanCallback):
         self.page_faults_per_step: List[float] = []
         self.step_time_cv: List[float] = []
         self.trained_from_step: Optional[int] = None
+        self.restored_curve = False  # the curve before this attempt came from its checkpoint
         self._fit_start = 0.0
         # Several steps a loop step (kosmoss.run.chunks): from one chunk's last step to the
         # next chunk's first batch runs Lightning's loop alone, once per chunk.
@@ -70,6 +97,14 @@ class ThroughputMeter(LeanCallback):
     @property
     def first_step_unix(self) -> Optional[float]:
         return self.clock.first_step_unix
+
+    def state_dict(self) -> dict:
+        # In every checkpoint: a resume, even from a killed attempt's, keeps the curve.
+        return {"val_curve": list(self.val_curve)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.val_curve = list(state_dict.get("val_curve", []))
+        self.restored_curve = True
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()

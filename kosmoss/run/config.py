@@ -119,16 +119,29 @@ def run_folder(resume: str) -> Tuple[Path, Optional[Path]]:
     """``--resume``'s run folder, and the checkpoint it names or None: a run id, a run folder
     or a checkpoint file inside a run's ``checkpoints/``."""
     given = Path(resume).expanduser()
-    if given.suffix == ".ckpt":
-        if not given.is_file() or given.parent.name != "checkpoints":
-            raise ConfigError("resume", f"{{field}} {resume}: not a checkpoint in a run's "
-                              "checkpoints/ folder")
-        return given.parent.parent, given
+    if given.suffix == ".ckpt" or ("/" in resume and given.is_file()):
+        return _checkpoint_file(resume, given)
     folder = given if "/" in resume else paths.runs_root() / resume
     if not folder.is_dir():
         raise ConfigError("resume", f"{{field}} {resume}: no such run; give a run id from "
                           f"{paths.runs_root()} or a run folder")
     return folder, None
+
+
+def _checkpoint_file(resume: str, given: Path) -> Tuple[Path, Path]:
+    """A file named by --resume: a checkpoint in a run's checkpoints/ folder (the run's
+    settings are in the folder above)."""
+    if not given.is_file():
+        raise ConfigError("resume", f"{{field}} {resume}: no such checkpoint file; give one "
+                          "from a run's checkpoints/ folder, a run id or a run folder")
+    if given.suffix != ".ckpt":
+        raise ConfigError("resume", f"{{field}} {resume}: a file, not a checkpoint (*.ckpt); "
+                          "give a run id, a run folder or a checkpoint file of a run")
+    if given.parent.name != "checkpoints" or not given.parent.parent.is_dir():
+        raise ConfigError("resume", f"{{field}} {resume}: the checkpoint file is not in a "
+                          "run's checkpoints/ folder, where the run's settings are found; give "
+                          "one that is")
+    return given.parent.parent, given
 
 
 def _check_gpu_ids(config: RunConfig) -> None:

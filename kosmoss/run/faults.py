@@ -28,6 +28,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from ..core.errors import RunFailed
+from ..core.files import atomic_write_text
 from ..launch import records
 from . import lightning_private as private
 from .lean import LeanCallback
@@ -57,32 +58,72 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(aside, path)
         except OSError as err:
             raise RunFailed(f"checkpoint {path} could not be written ({err.strerror or err}); "
-                            f"the previous one is intact: free space in {path.parent}, then "
-                            "resume with --resume") from err
+                            f"{_what_to_do(path)}") from err
         finally:
             aside.unlink(missing_ok=True)  # left only when the write failed
 
 
+def _what_to_do(path: Path) -> str:
+    """Advice that works: --resume takes the run's furthest checkpoint of any kind."""
+    others = [p for p in path.parent.glob("*.ckpt") if p.is_file() and p != path]
+    if path.is_file() or others:
+        return (f"the checkpoints already written are intact: free space in {path.parent}, "
+                f"then resume with --resume {path.parent.parent.name}")
+    return (f"no checkpoint of this run was written: free space in {path.parent}, then start "
+            "it again")
+
+
 class _ContinuedWriter(ExperimentWriter):
     """Lightning deletes an existing metrics.csv when its writer starts; a resumed run
-    continues it instead (its header's columns first, new ones added as Lightning does)."""
+    continues it instead (its header's columns first, new ones added as Lightning does),
+    from the rows logged before its checkpoint: an attempt killed after that checkpoint
+    logged rows the resumed run logs again."""
+
+    def __init__(self, log_dir: str, resumed_from_step: Optional[int]) -> None:
+        self.resumed_from_step = resumed_from_step
+        super().__init__(log_dir=log_dir)
 
     def _check_log_dir_exists(self) -> None:
         if not self._fs.isfile(self.metrics_file_path):
             return
         with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
-            self.metrics_keys = next(csv.reader(handle), [])
+            reader = csv.DictReader(handle)
+            rows, self.metrics_keys = list(reader), list(reader.fieldnames or [])
+        kept = rows_before(rows, self.resumed_from_step)
+        if len(kept) < len(rows):
+            atomic_write_text(Path(self.metrics_file_path), _csv_text(self.metrics_keys, kept))
+
+
+def rows_before(rows: List[dict], step: Optional[int]) -> List[dict]:
+    """The rows logged before a checkpoint at ``step``: Lightning logs a step's rows at the
+    optimizer steps done before it (a validation after step 26 at step 25)."""
+    if step is None:
+        return rows
+    return [row for row in rows if int(float(row["step"])) < step]
+
+
+def _csv_text(keys: List[str], rows: List[dict]) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 class ContinuedCSVLogger(CSVLogger):
-    """CSVLogger whose metrics.csv a resumed run appends to (a new run has none)."""
+    """CSVLogger whose metrics.csv a resumed run continues from the rows before its
+    checkpoint (a new run has none)."""
+
+    def __init__(self, *args, resumed_from_step: Optional[int] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.resumed_from_step = resumed_from_step
 
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuedWriter(log_dir=self.log_dir)
+            self._experiment = _ContinuedWriter(self.log_dir, self.resumed_from_step)
         return self._experiment
 
 

@@ -38,7 +38,8 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "train_samples_per_s": meter.samples_per_s,
         "time_to_first_step_s": meter.first_step_s,
         "first_step_unix": meter.first_step_unix,
-        "val_curve": earlier_val_curve(plan) + meter.val_curve,
+        "val_curve": (meter.val_curve if meter.restored_curve
+                      else earlier_val_curve(plan) + meter.val_curve),
         "peak_host_rss_mib": meter.peak_host_rss_mib,
         "peak_gpu_mib": meter.peak_gpu_mib,
         "page_faults_per_step": meter.page_faults_per_step,
@@ -64,8 +65,9 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
 
 
 def earlier_val_curve(plan: RunPlan) -> list:
-    """A resumed run's curve starts with the points of the attempts before it (their
-    result.json, written when they stopped), up to the step it resumed from."""
+    """A resumed run's curve starts with the points of the attempts before it, up to the
+    step it resumed from: its checkpoint holds them (ThroughputMeter's state); one saved
+    before checkpoints held them has the stopped attempt's result.json."""
     if plan.resumed_from_step is None:
         return []
     try:

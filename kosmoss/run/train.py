@@ -24,11 +24,13 @@ from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_ti
                              timeout_line, write_stacks)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
-from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
-from .chunks import ChunkCounts, StepsInChunks
+from .callbacks import (CheckpointToTheEnd, GpuShare, LogsWithCheckpoints, PrecisionProbe,
+                        ReplicaCheck, ThroughputMeter)
+from .chunks import StepsInChunks
 from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .lean import LeanLitMLP, NoProfiler
+from .loops import ExactResume
 from .plan import RunPlan
 from .preemption import StopOnSignal
 from .quiet import quiet_lightning
@@ -79,7 +81,8 @@ def train(plan: RunPlan) -> Outcome:
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
     callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
-                 Heartbeat(plan.run_dir), GpuShare(plan.share), ChunkCounts(steps)]
+                 Heartbeat(plan.run_dir), GpuShare(plan.share), ExactResume(steps),
+                 LogsWithCheckpoints()]
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it
@@ -87,6 +90,8 @@ def train(plan: RunPlan) -> Outcome:
     with quiet_lightning(), _stacks_on_timeout(plan):
         trainer = build_trainer(plan, callbacks)
         trainer.fit(model, datamodule=datamodule, ckpt_path=plan.resume_from)
+        if meter.trained_from_step is None:
+            _finish_skipped_fit(trainer, model, meter, replicas)
         scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule, meter)
     outcome = Outcome(
         is_global_zero=trainer.is_global_zero, global_step=trainer.global_step,
@@ -98,6 +103,15 @@ def train(plan: RunPlan) -> Outcome:
     )
     plan.engine.shutdown()  # last: the trainer's rank questions need the engine up (Horovod)
     return outcome
+
+
+def _finish_skipped_fit(trainer: pl.Trainer, model, meter: ThroughputMeter,
+                        replicas: ReplicaCheck) -> None:
+    """A resume from the end of training: Lightning skips the fit and its hooks (no
+    on_train_start or on_train_end). What they record is recorded all the same."""
+    meter.trained_from_step = trainer.global_step
+    replicas.on_train_end(trainer, model)
+    trainer.checkpoint_callback.finish(trainer)
 
 
 @contextlib.contextmanager
@@ -120,8 +134,10 @@ LOG_EVERY_N_STEPS = 50  # Lightning's default; fewer when an epoch is shorter
 def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     config, topology, scaling = plan.config, plan.topology, plan.scaling
     steps_per_epoch = max(1, plan.split_sizes["train"] // scaling.global_batch_size)
+    stopper = next((c for c in callbacks if isinstance(c, StopOnSignal)), None)
     callbacks = callbacks + [
-        CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True),
+        CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True,
+                           interrupted=lambda: bool(stopper and stopper.stopped_mid_epoch)),
     ]
     if config.progress:
         callbacks.append(RichProgressBar())
@@ -154,7 +170,8 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
 def run_loggers(plan: RunPlan) -> list:
     """Where a run's metrics go: TensorBoard, and a CSV that a resumed run continues."""
     return [TensorBoardLogger(plan.run_dir, name="tensorboard", version=""),
-            ContinuedCSVLogger(plan.run_dir, name="csv", version="")]
+            ContinuedCSVLogger(plan.run_dir, name="csv", version="",
+                               resumed_from_step=plan.resumed_from_step)]
 
 
 def _evaluate(trainer: pl.Trainer, model: LeanLitMLP, datamodule, meter: ThroughputMeter) -> dict:

@@ -70,8 +70,13 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
             result["config"]["batch_size"]) == (60, 1, [16], 64)  # from the record
     steps = [point["step"] for point in result["val_curve"]]
     assert steps[0] <= stop < steps[1] and steps == sorted(steps) and steps[-1] == 60
+    # The rows logged before the checkpoint stay; those after it are logged again, once.
     metrics = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
-    assert metrics[:len(metrics_before)] == metrics_before and len(metrics) > len(metrics_before)
+    kept = [row for row in metrics_before[1:] if int(row.split(",")[1]) < stop]
+    assert metrics[1:len(kept) + 1] == kept and len(metrics) > len(metrics_before)
+    rows = [tuple(row.split(",")[1:]) for row in metrics[1:]]
+    steps = [int(r[0]) for r in rows]
+    assert len(set(rows)) == len(rows) and steps == sorted(steps)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "finished" and record["attempts"][-1]["state"] == "finished"
 
