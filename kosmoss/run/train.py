@@ -20,8 +20,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..core.errors import RunFailed
 from ..data.loading import SPLITS
-from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_timeout,
-                             timeout_line, write_stacks)
+from ..diagnose.hang import (StartupCheck, dump_stacks, flight_recorder_env,
+                             is_collective_timeout, timeout_line, who_hangs)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
 from .callbacks import (CheckpointToTheEnd, GpuShare, LogsWithCheckpoints, PrecisionProbe,
@@ -123,8 +123,8 @@ def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
     except Exception as err:
         if not is_collective_timeout(err):
             raise
-        stacks = write_stacks(plan.run_dir)
-        what = timeout_line(err, plan.collective_timeout.total_seconds())
+        stacks, dump = dump_stacks(plan.run_dir)
+        what = timeout_line(err, plan.collective_timeout.total_seconds(), who_hangs(dump))
         raise RunFailed(f"{what}; stacks of every process of the run in {stacks}") from err
 
 
