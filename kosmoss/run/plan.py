@@ -27,6 +27,7 @@ from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
 from ..engines import get as get_engine
 from ..engines.base import Engine
+from ..launch import records as launch_records
 from ..launch.records import RUN_ID_ENV
 from ..launch.topology import Launcher, Topology
 from ..scaling.arithmetic import ScalingPlan
@@ -215,16 +216,11 @@ def _run_id(topology: Topology, engine: Engine) -> str:
     spawned = os.environ.get("LOCAL_RANK") or topology.launcher is Launcher.SIMULATED_NODE
     if inherited and spawned and not topology.launcher.external:
         return inherited
-    if topology.launcher is Launcher.SLURM:  # the same across a requeue: resume finds it
-        job = os.environ.get("SLURM_ARRAY_JOB_ID")
-        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
-        return f"slurm-{job}"
-    if topology.launcher is Launcher.TORCHRUN:
-        elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-        if elastic and elastic != "none":
-            return f"torchrun-{elastic[:12]}"
-        agent = psutil.Process(os.getppid())  # without --rdzv-id the ranks share their agent
-        return f"torchrun-{agent.pid}-{agent.create_time():.0f}"
+    if topology.launcher in (Launcher.SLURM, Launcher.TORCHRUN):
+        # Slurm's: the same across a requeue (resume finds it). Without --rdzv-id torchrun's
+        # ranks share their agent, their parent.
+        agent = launch_records.ProcessId.of(os.getppid())
+        return launch_records.external_run_id(topology.launcher.value, agent)
     return engine.shared_run_id(new_run_id())
 
 
