@@ -183,8 +183,12 @@ class GpuShare(LeanCallback):
 
 
 def parameter_checksum(module: torch.nn.Module) -> str:
-    flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-    return hashlib.sha256(to_numpy(flat).tobytes()).hexdigest()[:15]
+    """sha256 of every parameter's bytes in order, one parameter at a time: the same digest
+    as of their concatenation, without a copy of the model in memory."""
+    digest = hashlib.sha256()
+    for parameter in module.parameters():
+        digest.update(to_numpy(parameter.detach().contiguous().flatten()).data)
+    return digest.hexdigest()[:15]
 
 
 class ReplicaCheck(LeanCallback):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import FrozenSet, Optional, Tuple
@@ -155,11 +156,22 @@ def _check_gpu_ids(config: RunConfig) -> None:
 
 
 def _check_output(path: Path) -> None:
-    """Found before training, not after it: a folder, a file that is not a kosmoss result
-    (the user's own: never overwritten), or a place that cannot be written."""
-    if path.is_dir():
+    """Found before training, not after it: a folder, a device or a FIFO (reading or writing
+    one blocks or never ends), a file that is not a kosmoss result (the user's own: never
+    overwritten), or a place that cannot be written."""
+    try:
+        mode = path.expanduser().stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise ConfigError("result_json", f"{{field}} {path}: cannot be looked at "
+                          f"({err.strerror}); give another path") from None
+    if mode is not None and stat.S_ISDIR(mode):
         raise ConfigError("result_json", f"{{field}} {path}: is a directory; give a file path")
-    if path.exists() and not is_kosmoss_result(path):
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError("result_json", f"{{field}} {path}: is not a regular file (a device, "
+                          "a FIFO or a socket); give a file path")
+    if mode is not None and not is_kosmoss_result(path.expanduser()):
         raise ConfigError("result_json", f"{{field}} {path}: exists and is not a kosmoss "
                           "result.json; give a new path (a previous result is replaced)")
     parent = path.expanduser().absolute().parent
@@ -169,10 +181,18 @@ def _check_output(path: Path) -> None:
                           "path in a folder you can write")
 
 
+RESULT_MAX_BYTES = 64 * 2**20  # a result.json with a validation curve of a million points
+
+
 def is_kosmoss_result(path: Path) -> bool:
-    """A result.json kosmoss wrote (its keys), which a new run may replace."""
+    """A result.json kosmoss wrote (its keys), which a new run may replace. Only a regular
+    file is read, and only so far: /dev/zero would never end."""
     try:
-        data = json.loads(Path(path).read_text())
+        if not stat.S_ISREG(Path(path).stat().st_mode):
+            return False
+        with open(path, "rb") as handle:
+            text = handle.read(RESULT_MAX_BYTES + 1)
+        data = json.loads(text) if len(text) <= RESULT_MAX_BYTES else None
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and {"run_id", "run_dir", "world_size", "config"} <= set(data)

@@ -42,17 +42,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     leaves half done in checkpoints/. Here the file is written beside its name, flushed to
     disk, then renamed: a checkpoint is whole or absent, and a full disk is one line."""
 
+
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
-        buffer = io.BytesIO()  # serialised first: a write error is then a plain OSError
-        torch.save(checkpoint, buffer)
         aside = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(aside, "wb") as handle:
-                handle.write(buffer.getbuffer())
+                _save_to(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(aside, path)
@@ -61,6 +60,36 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                             f"{_what_to_do(path)}") from err
         finally:
             aside.unlink(missing_ok=True)  # left only when the write failed
+
+
+class _KeepsWriteErrors:
+    """A file whose write errors are kept: torch.save reports them as a RuntimeError
+    ("unexpected pos"), which says neither that the disk is full nor which file."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _save_to(checkpoint: Dict[str, Any], handle) -> None:
+    """Streamed to the file: a copy in memory first would cost as much RAM as the
+    checkpoint (12 bytes per parameter with Adam's moments, docs/reliability.md)."""
+    sink = _KeepsWriteErrors(handle)
+    try:
+        torch.save(checkpoint, sink)
+    except RuntimeError:
+        if sink.error is not None:
+            raise sink.error from None
+        raise
 
 
 def _what_to_do(path: Path) -> str:

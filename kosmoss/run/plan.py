@@ -15,13 +15,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-import psutil
 
 from .. import launch
 from ..core import paths
 from ..core.errors import ConfigError
 from ..data import presets
-from ..data.loading import SPLITS, chosen_mode, split_indices
+from ..data.loading import SPLITS, chosen_mode, dataset_bytes, split_indices
 from ..data.store import PreparedDataset
 from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
@@ -32,13 +31,11 @@ from ..launch.records import RUN_ID_ENV
 from ..launch.topology import Launcher, Topology
 from ..scaling.arithmetic import ScalingPlan
 from ..scaling.arithmetic import plan as plan_scaling
-from . import resume
+from . import memory, resume
 from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
 from .preemption import CHECKPOINT as PREEMPTED
 
-# float32 weights, their gradients and Adam's two moments: 16 bytes per parameter and rank.
-BYTES_PER_PARAMETER = 4 * 4
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,7 @@ class RunPlan:
     warnings: Tuple[str, ...]
     notes: Tuple[str, ...] = ()  # what a resume took over or changed, said before training
     steps_per_execution: int = 1  # optimizer steps per step of Lightning's loop (run.chunks)
+    memory_need: Optional[memory.MemoryNeed] = None  # one rank's, as the check counted it
 
     @property
     def is_global_zero(self) -> bool:
@@ -116,7 +114,10 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset, config.seed)
     _check_fits(config.dataset, sizes, scaling)
-    _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host)
+    data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
+                            gpu_bytes=gpu_bytes_per_rank(policy, share))
+    need = _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host,
+                         scaling.per_device_batch_size, data_mode)
     if point is not None:
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
@@ -128,8 +129,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         scaling=scaling, dataset=dataset, split_sizes=sizes, run_id=run_id, run_dir=run_dir,
         resume_from=resume_from, resumed_from_step=step,
         num_workers=num_workers,
-        data_mode=chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
-                              gpu_bytes=gpu_bytes_per_rank(policy, share)),
+        data_mode=data_mode, memory_need=need,
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=point.notes if point is not None else (),
@@ -142,11 +142,6 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
 def _starts_the_attempt(topology: Topology) -> bool:
     """This process starts the attempt: the ranks and nodes it starts find it running."""
     return topology.global_rank == 0 and topology.launcher is not Launcher.SIMULATED_NODE
-
-
-def parameter_count(n_x: int, hidden: Tuple[int, ...], n_y: int) -> int:
-    sizes = [n_x, *hidden, n_y]
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
 def gpu_bytes_per_rank(policy: DevicePolicy, share: Sharing) -> Optional[float]:
@@ -167,22 +162,17 @@ def gpu_total_bytes(index: int) -> int:
 
 
 def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: DevicePolicy,
-                  share: Sharing, ranks_on_host: int) -> None:
-    """A model that cannot fit is a one-line error, not an allocation failure: weights,
-    gradients and Adam's moments of every rank on this host against the memory there is."""
-    params = parameter_count(dataset.n_x, hidden, dataset.n_y)
-    need = params * BYTES_PER_PARAMETER
+                  share: Sharing, ranks_on_host: int, batch: int,
+                  data_mode: str) -> memory.MemoryNeed:
+    """A model that cannot fit is a one-line error, not an allocation failure (run.memory);
+    returns one rank's need."""
+    in_ram = dataset_bytes(dataset) if data_mode in ("controlled", "device") else 0
+    rank = memory.need(dataset.n_x, hidden, dataset.n_y, batch, data_bytes=in_ram)
     if policy.gpu:
-        have = gpu_bytes_per_rank(policy, share)
-        where = f"GPU {policy.index or 0} has {have / 2**30:,.1f} GiB for each rank"
+        memory.check_gpu(rank, hidden, gpu_bytes_per_rank(policy, share), policy.index or 0)
     else:
-        have = psutil.virtual_memory().available / ranks_on_host
-        where = (f"this host has {have * ranks_on_host / 2**30:,.1f} GiB available for "
-                 f"{ranks_on_host} rank(s)")
-    if need > have:
-        raise ConfigError("hidden", f"{{field}} {' '.join(map(str, hidden))}: {params:,} "
-                          f"parameters need about {need / 2**30:,.1f} GiB per rank (weights, "
-                          f"gradients, Adam's two moments) and {where}: give smaller layers")
+        memory.check_host(rank, hidden, ranks_on_host)
+    return rank
 
 
 def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
