@@ -67,7 +67,7 @@ class MemoryNeed:
         parts = [("weights, gradients and Adam's moments", self.states),
                  ("Adam's step", self.step), (f"activations at batch {self.batch}",
                                               self.activations),
-                 ("the dataset in RAM", self.data), ("this process now", self.runtime),
+                 ("the dataset's copy", self.data), ("this process now", self.runtime),
                  ("slack", self.slack)]
         return ", ".join(f"{name} {gib(value)}" for name, value in parts if value)
 
@@ -94,8 +94,10 @@ def check_host(rank_need: MemoryNeed, hidden: Tuple[int, ...], ranks_on_host: in
 
 
 def check_gpu(rank_need: MemoryNeed, hidden: Tuple[int, ...], have: float, index: int) -> None:
-    on_gpu = rank_need.total - rank_need.runtime  # torch's CUDA context is not counted here
-    if on_gpu > have:
+    """On the GPU: what training allocates there and the caching allocator's slack (this
+    process's host memory and Lightning's are on the host)."""
+    allocated = rank_need.states + rank_need.step + rank_need.activations + rank_need.data
+    if allocated * (1 + SLACK) > have:
         _refuse(rank_need, hidden, f"GPU {index} has {gib(have)} for each rank")
 
 

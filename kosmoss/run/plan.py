@@ -166,8 +166,10 @@ def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: Dev
                   data_mode: str) -> memory.MemoryNeed:
     """A model that cannot fit is a one-line error, not an allocation failure (run.memory);
     returns one rank's need."""
-    in_ram = dataset_bytes(dataset) if data_mode in ("controlled", "device") else 0
-    rank = memory.need(dataset.n_x, hidden, dataset.n_y, batch, data_bytes=in_ram)
+    # The copy of the data is where the mode puts it: RAM (controlled) or the GPU (device).
+    held = data_mode == ("device" if policy.gpu else "controlled")
+    rank = memory.need(dataset.n_x, hidden, dataset.n_y, batch,
+                       data_bytes=dataset_bytes(dataset) if held else 0)
     if policy.gpu:
         memory.check_gpu(rank, hidden, gpu_bytes_per_rank(policy, share), policy.index or 0)
     else:
