@@ -8,11 +8,12 @@ from typing import Callable, List, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import RichProgressBar
 
 from ..devices.memory import peak_host_rss_mib
 from ..devices.policy import Sharing, apply_sharing, to_numpy
 from . import lightning_private as private
-from .chunks import Chunk
+from .chunks import Chunk, ChunkedBatchLoader
 from .lean import LeanCallback, LeanModelCheckpoint
 from .throughput import StepClock
 
@@ -61,6 +62,24 @@ class LogsWithCheckpoints(LeanCallback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         for logger in trainer.loggers:
             logger.save()
+
+
+class BatchesProgressBar(RichProgressBar):
+    """Lightning's RichProgressBar, counting the epoch's batches (optimizer steps) where a step
+    of its loop holds K of them (kosmoss.run.chunks): "26/26, 180 it/s", not "4/4, 23 it/s"."""
+
+    @property
+    def total_train_batches(self):
+        loader = self.trainer.train_dataloader
+        if isinstance(loader, ChunkedBatchLoader):
+            return len(loader.sampler)
+        return super().total_train_batches
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loader = trainer.train_dataloader
+        if isinstance(loader, ChunkedBatchLoader):  # its count includes a resumed epoch's skips
+            batch_idx = loader.state_dict()["batches_done"] - 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class ThroughputMeter(LeanCallback):

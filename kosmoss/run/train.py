@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..core.errors import RunFailed
@@ -24,8 +23,8 @@ from ..diagnose.hang import (StartupCheck, dump_stacks, flight_recorder_env,
                              is_collective_timeout, timeout_line, who_hangs)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
-from .callbacks import (CheckpointToTheEnd, GpuShare, LogsWithCheckpoints, PrecisionProbe,
-                        ReplicaCheck, ThroughputMeter)
+from .callbacks import (BatchesProgressBar, CheckpointToTheEnd, GpuShare, LogsWithCheckpoints,
+                        PrecisionProbe, ReplicaCheck, ThroughputMeter)
 from .chunks import StepsInChunks
 from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
@@ -140,7 +139,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
                            interrupted=lambda: bool(stopper and stopper.stopped_mid_epoch)),
     ]
     if config.progress:
-        callbacks.append(RichProgressBar())
+        callbacks.append(BatchesProgressBar())
     # Who is who under torchrun and srun: Lightning's ClusterEnvironments (Horovod's strategy
     # brings its own).
     external = topology.launcher.external and topology.launcher is not Launcher.HOROVODRUN
