@@ -29,11 +29,13 @@ STEPS_PER_EXECUTION = 8  # 0.93 of the raw loop at 256 on 2 cores; 32 measured n
 
 
 def steps_per_execution(asked: Optional[int], world_size: int, engine: Engine, accelerator: str,
-                        precision: str, num_workers: int) -> int:
+                        precision: str, num_workers: int, num_nodes: int = 1) -> int:
     """K for a run: ``asked``, else STEPS_PER_EXECUTION where a loop step can hold several,
     else 1. Asking for more than 1 where it cannot is a ConfigError."""
+    world = (f"{world_size} processes" if num_nodes == 1 else
+             f"{num_nodes} nodes ({world_size} processes)")
     why_not = [reason for reason, holds in (
-        (f"{world_size} processes", world_size == 1),
+        (world, world_size == 1),
         (f"--strategy {engine.name}", engine.steps_in_chunks),
         (f"a {accelerator.upper()}", accelerator == "cpu"),
         (f"--precision {precision}", precision == "32-true"),

@@ -135,7 +135,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         notes=point.notes if point is not None else (),
         steps_per_execution=steps_per_execution(config.steps_per_execution, topology.world_size,
                                                 engine, policy.accelerator,
-                                                config.precision, num_workers),
+                                                config.precision, num_workers,
+                                                num_nodes=topology.num_nodes),
     )
 
 
