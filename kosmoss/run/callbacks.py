@@ -9,6 +9,7 @@ from typing import Callable, List, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
+from torch.nn.parallel import DistributedDataParallel
 
 from ..devices.memory import peak_host_rss_mib
 from ..devices.policy import Sharing, apply_sharing, to_numpy
@@ -189,6 +190,30 @@ class PrecisionProbe(LeanCallback):
     def _record(self, module, inputs, output) -> None:
         self.activation_dtype = str(output.dtype).replace("torch.", "")
         self._hook.remove()
+
+
+def per_parameter_allreduce(group, bucket):
+    """DDP's all-reduce (the mean over ranks), one parameter at a time. With 3 or more ranks
+    an element's sum rounds by where it sits in the buffer reduced (a ring starts each chunk
+    at another rank), and DDP lays its buckets out again after a process's first iteration:
+    a resumed run, whose first iteration is its checkpoint's next, left the run it continues
+    by the last bit (pytorch/pytorch#30509). A parameter reduced alone sits at the same place
+    whatever the bucket."""
+    world = torch.distributed.get_world_size(group)
+    done = [torch.distributed.all_reduce(grad.div_(world), group=group, async_op=True)
+            .get_future() for grad in bucket.gradients()]  # views of the bucket's buffer
+    return torch.futures.collect_all(done).then(lambda _: bucket.buffer())
+
+
+class ExactAllReduce(LeanCallback):
+    """Registers :func:`per_parameter_allreduce` on DDP's module when 3 or more ranks train
+    (with 2 a sum is one addition, exact in any order). Lightning's DDPStrategy registers a
+    comm hook on CUDA only (strategies/ddp.py, _register_ddp_hooks), so it is done here."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        model = trainer.strategy.model
+        if trainer.world_size >= 3 and isinstance(model, DistributedDataParallel):
+            model.register_comm_hook(None, per_parameter_allreduce)
 
 
 class GpuShare(LeanCallback):

@@ -23,8 +23,8 @@ from ..diagnose.hang import (StartupCheck, dump_stacks, flight_recorder_env,
                              is_collective_timeout, timeout_line, who_hangs)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
-from .callbacks import (BatchesProgressBar, CheckpointToTheEnd, GpuShare, LogsWithCheckpoints,
-                        PrecisionProbe, ReplicaCheck, ThroughputMeter)
+from .callbacks import (BatchesProgressBar, CheckpointToTheEnd, ExactAllReduce, GpuShare,
+                        LogsWithCheckpoints, PrecisionProbe, ReplicaCheck, ThroughputMeter)
 from .chunks import StepsInChunks
 from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
@@ -81,7 +81,7 @@ def train(plan: RunPlan) -> Outcome:
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
     callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
                  Heartbeat(plan.run_dir), GpuShare(plan.share), ExactResume(steps),
-                 LogsWithCheckpoints()]
+                 LogsWithCheckpoints(), ExactAllReduce()]
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
         callbacks.append(StartupCheck(plan.collective_timeout.total_seconds()))
     if plan.share.backend == "nccl":  # set before the group starts; spawned ranks inherit it

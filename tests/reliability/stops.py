@@ -62,11 +62,13 @@ def from_environment() -> Optional[SignalAt]:
                     os.environ.get(STOP_WHERE_ENV, "train"))
 
 
-def batches_per_epoch(dataset: Path, batch_size: int, seed: int = 42) -> int:
-    """The epoch's length as the run computes it: the seeded split, cut in batches."""
+def batches_per_epoch(dataset: Path, batch_size: int, seed: int = 42, world_size: int = 1) -> int:
+    """The epoch's length as the run computes it: the seeded split, cut in global batches
+    of ``batch_size`` (each rank's share of one)."""
     n = open_dataset(dataset, verify=False).n_samples
     train = split_indices(n, SPLITS, seed)[0]
-    return len(RankBatchSampler(np.arange(len(train)), batch_size))
+    return len(RankBatchSampler(np.arange(len(train)), batch_size // world_size,
+                                world_size=world_size))
 
 
 def run_in_process(home: Path, monkeypatch, *, stop: Optional[SignalAt] = None, **flags) -> dict:
