@@ -167,8 +167,16 @@ def readable_checkpoint(run_dir: Path, named: Optional[Path], resume: str) -> Tu
     for path in candidates:
         try:
             loaded.append((path, load(path)))
+        except FileNotFoundError:
+            if path == named:
+                raise ConfigError("resume", f"{{field}} {resume}: no such checkpoint file "
+                                  "(it was removed)") from None
+            continue  # a live run's ModelCheckpoint replaced it since the listing
         except Exception as err:  # torch raises many kinds for a truncated or damaged file
             raise _unreadable(resume, run_dir, path, err) from None
+    if not loaded:
+        raise ConfigError("resume", f"{{field}} {resume}: its checkpoints changed while they "
+                          "were read (is the run still running?); try again")
     return max(loaded, key=lambda item: int(item[1]["global_step"]))  # max keeps the first
 
 

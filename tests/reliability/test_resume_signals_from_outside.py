@@ -56,7 +56,7 @@ def test_sigterm_on_an_epochs_end_then_sigkill_resume_exactly_with_k8(shared_hom
     tiny = shared_home / "data" / "tiny"
     epoch = batches_per_epoch(tiny, 256)  # 7 batches: one chunk of K = 8 an epoch
     args = ["--dataset", str(tiny), "--batch-size", "256", "--hidden", "16", "--max-epochs",
-            "100000", "--max-steps", str(400 * epoch), "--steps-per-execution", "8"]
+            "100000", "--max-steps", str(250 * epoch), "--steps-per-execution", "8"]
     straight = _straight(tmp_path / "straight", args)
     home = tmp_path / "home"
     assert _signal_when(home, args, signal.SIGTERM, 1, 2 * epoch) == 0
@@ -80,7 +80,7 @@ def test_three_ranks_stopped_on_an_epochs_end_resume_exactly(shared_home, tmp_pa
     batch = train - train % 3  # one step an epoch: every stop lands on an epoch's end
     assert batches_per_epoch(tiny, batch, world_size=3) == 1
     args = ["--dataset", str(tiny), "--num-processes", "3", "--batch-size", str(batch),
-            "--hidden", "16", "--max-epochs", "100000", "--max-steps", "150"]
+            "--hidden", "16", "--max-epochs", "100000", "--max-steps", "100"]
     straight = _straight(tmp_path / "straight", args)
     home = tmp_path / "home"
     assert _signal_when(home, args, signal.SIGTERM, 3, 3) == 0
@@ -93,4 +93,4 @@ def test_three_ranks_stopped_on_an_epochs_end_resume_exactly(shared_home, tmp_pa
     assert finished.result["resumed_from_step"] == stopped["global_step"]
     assert compare(finished, straight) is None, compare(finished, straight)
     assert np.isfinite(finished.result["val_loss"]) and max(heartbeat_steps(home).values()) \
-        == 150
+        == 100
