@@ -195,6 +195,10 @@ def _flag_stragglers(views: List[RankView], threshold: float, stale_s: float) ->
     elif active and len(stale) == len(active):
         notes.append(f"every rank's heartbeat is older than {stale_s:g} s: the run is stuck "
                      "(`kosmoss stacks` shows where)")
+        waiting = [v for v in active if v.process == IN_A_COLLECTIVE]
+        for view in (v for v in active if waiting and v.process != IN_A_COLLECTIVE):
+            _flag(view, f"{view.process or 'its process'}, not in a collective, while "
+                        f"{', '.join(v.label for v in waiting)} wait(s) in one for it")
     else:
         for view in stale:
             _flag(view, f"no heartbeat for {view.heartbeat_age_s:.0f} s while the others go on")
