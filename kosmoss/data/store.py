@@ -367,7 +367,8 @@ def open_dataset(path: Path, *, verify: bool = True,
     file, or with ``trust_unchanged`` of the files changed since they last matched)."""
     path = Path(path)
     if not path.is_dir():
-        raise DatasetError(f"{path}: no such dataset folder; prepare it with `kosmoss data prepare`")
+        raise DatasetError(f"{path}: no such dataset folder; prepare it with "
+                           "`kosmoss data prepare`")
     metadata = _read_metadata(path)
     dataset = PreparedDataset(path, metadata)
     offsets_total = 0
@@ -437,7 +438,8 @@ def verify_checksums(dataset: PreparedDataset, *, trust_unchanged: bool = False)
     modification time are those recorded when it last matched is not hashed again (the
     quick check rsync and make use; `kosmoss data info --verify` hashes everything)."""
     expected = {name: digest for shard in dataset.shards
-                for name, digest in ((shard.x_file, shard.x_sha256), (shard.y_file, shard.y_sha256))}
+                for name, digest in ((shard.x_file, shard.x_sha256),
+                                     (shard.y_file, shard.y_sha256))}
     stats = dataset.metadata["stats"]
     expected[stats["file"]] = stats["sha256"]
     matched = _read_verified(dataset.path) if trust_unchanged else {}

@@ -127,7 +127,8 @@ KILLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,k,at,where,checkpoint", KILLS, ids=[f"{s[0]}-k{s[1]}" for s in KILLS])
+@pytest.mark.parametrize("name,k,at,where,checkpoint", KILLS,
+                         ids=[f"{s[0]}-k{s[1]}" for s in KILLS])
 def test_sigkill_resumes_exactly_from_the_newest_checkpoint(name, k, at, where, checkpoint,
                                                             tmp_path, tiny, epoch, straight):
     home, flags = tmp_path / "home", _flags(tiny, epoch, k)
