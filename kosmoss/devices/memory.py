@@ -18,13 +18,29 @@ import psutil
 
 def peak_host_rss_mib() -> float:
     """This process's peak resident memory so far, in MiB (current RSS where the OS keeps
-    no peak)."""
+    no peak). On Linux the peak of this process's own memory map (``VmHWM``): getrusage's
+    ``ru_maxrss`` keeps the peak of the map replaced by exec, so a run started from a large
+    process (a notebook kernel, pytest) would report its parent's memory as its own."""
+    hwm = _vm_hwm_kib()
+    if hwm is not None:
+        return hwm / 2**10
     try:
         import resource
     except ImportError:  # Windows
         return psutil.Process().memory_info().rss / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+
+
+def _vm_hwm_kib() -> Optional[int]:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def release_memory() -> Dict[str, Optional[int]]:

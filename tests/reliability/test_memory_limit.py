@@ -101,3 +101,17 @@ def test_the_memory_cgroup_mounts_are_found_in_mountinfo():
     assert host_memory._mount_of(mountinfo, v2=True) == Path("/sys/fs/cgroup/unified")
     assert host_memory._mount_of(mountinfo, v2=False) == Path("/sys/fs/cgroup/memory")
     assert host_memory._mount_of(mountinfo[1:2], v2=False) is None
+
+
+def test_a_runs_peak_is_its_own_not_the_peak_of_the_process_that_started_it():
+    # getrusage's ru_maxrss survives exec: a child of a 400 MiB process reported 400 MiB.
+    parent = ("import subprocess, sys\n"
+              "held = bytearray(400 * 2**20)\n"
+              "held[::4096] = b'x' * len(held[::4096])  # every page resident\n"
+              "code = 'from kosmoss.devices.memory import peak_host_rss_mib as p; print(p())'\n"
+              "print(subprocess.run([sys.executable, '-c', code], capture_output=True,\n"
+              "                     text=True, check=True).stdout)\n")
+    proc = subprocess.run([sys.executable, "-c", parent], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert 5 < float(proc.stdout) < 200, proc.stdout
