@@ -20,6 +20,7 @@ import sys
 from kosmoss.core.commandline import OneLineParser, run_command
 from kosmoss.devices.policy import MachineGpu
 from kosmoss.launch.lifetime import die_with_spawner
+from kosmoss.launch.records import mark_external_rank
 from kosmoss.run.flags import add_run_flags, checked_config, flag_names
 
 
@@ -29,6 +30,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def train() -> None:
+        mark_external_rank()  # torchrun's, srun's ranks: known as kosmoss's from any home
         die_with_spawner()  # a local rank Lightning started ends with the rank that started it
         # The CPU launcher: the machine offers no GPU (unless KOSMOSS_MACHINE_GPU says so)
         # and the run asks for none. Bad values are found before Lightning is imported.

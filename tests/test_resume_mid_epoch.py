@@ -9,6 +9,7 @@ import torch
 
 from kosmoss.model import LitMLP
 from kosmoss.run.datamodule import RunDataModule
+from kosmoss.run.loops import ExactResume
 from kosmoss.run.preemption import STOP_SIGNALS, StopOnSignal
 
 TOTAL_STEPS = 22  # 13 batches per epoch: stops fall in epochs 0 and 1
@@ -68,10 +69,11 @@ def test_resumed_mid_epoch_matches_an_uninterrupted_run(random_dataset, tmp_path
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)
 
 
-def test_a_stop_asked_on_an_epochs_last_batch_waits_a_step_and_resumes_exactly(random_dataset,
-                                                                               tmp_path):
-    """Lightning resumes a checkpoint saved on an epoch's last batch one epoch late (its
-    data order then differs): StopOnSignal stops one step on instead."""
+def test_a_stop_asked_on_an_epochs_last_batch_ends_that_epoch_and_resumes_exactly(
+        random_dataset, tmp_path):
+    """Lightning 2.6 counts an epoch done when it resumes a checkpoint of its last batch;
+    StopOnSignal saves once the epoch has ended, and the resumed fit begins the next epoch
+    at its first batch, in that epoch's order (kosmoss.run.loops)."""
     _, reference = _fit(random_dataset, TOTAL_STEPS)
     stopper = StopOnSignal(tmp_path)
 
@@ -82,13 +84,15 @@ def test_a_stop_asked_on_an_epochs_last_batch_waits_a_step_and_resumes_exactly(r
 
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        _fit(random_dataset, TOTAL_STEPS, [SignalDuringTheLastBatch(), stopper])
+        _fit(random_dataset, TOTAL_STEPS, [SignalDuringTheLastBatch(), stopper,
+                                           ExactResume(1)])
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert (stopper.stopped_by, stopper.stopped_at_step) == ("SIGTERM", 14)
+    assert (stopper.stopped_by, stopper.stopped_at_step) == ("SIGTERM", 13)
     first = FirstStep()
-    _, model = _fit(random_dataset, TOTAL_STEPS, [first], ckpt_path=stopper.checkpoint)
-    assert first.step == 14
+    _, model = _fit(random_dataset, TOTAL_STEPS, [first, ExactResume(1)],
+                    ckpt_path=stopper.checkpoint)
+    assert first.step == 13
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)

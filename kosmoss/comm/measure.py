@@ -7,8 +7,10 @@ into figures (comm.json's content).
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Iterable, List, Optional
 
+from ..core import memory
 from ..core.errors import UsageError
 from ..scaling import allreduce as figures
 from .ranks import CommPlan, plan_as_dict, run
@@ -23,22 +25,29 @@ def make_plan(ranks: int, nodes: int = 1, backend: str = "auto", device: str = "
               compute_s: float = 0.0) -> CommPlan:
     """The plan, or a UsageError naming the flag; ``sizes`` None: 4 KiB..256 MiB, the
     model's gradient and DDP's bucket; ``compute_s`` > 0: each all-reduce after that much
-    model compute (kosmoss.comm.ranks)."""
-    import torch
-
-    from ..devices.cpus import cores_per_process
-
+    model compute (kosmoss.comm.ranks). Every check that needs no torch comes first: a
+    bad value is answered at once, not after torch's seconds of import."""
     _check_counts(ranks, nodes, repeats, warmup)
     if not 0 <= compute_s <= MAX_COMPUTE_S:
         raise UsageError(f"--compute-s {compute_s:g}: give 0 (back to back) up to "
                          f"{MAX_COMPUTE_S:g} seconds of compute before each all-reduce")
+    chosen = _sizes(sizes, max_size)
+    if device == "cpu" or (device == "auto" and not _nvidia_device()):
+        _check_host_memory(chosen, ranks)
+    import torch
+
+    from ..devices.cpus import cores_per_process
+
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     if device == "cuda" and not cuda:
         raise UsageError("--device cuda: no CUDA GPU here; use --device cpu")
+    if device == "cpu":
+        _check_host_memory(chosen, ranks)
+    else:
+        _check_gpu_memory(chosen, ranks, torch.cuda)
     # Every rank runs on this host, simulated nodes too: they share its GPUs.
     backend = _backend(backend, device, ranks, torch.cuda.device_count() if cuda else 0)
-    chosen = _sizes(sizes, max_size)
     return CommPlan(ranks=ranks, nodes=nodes, backend=backend, device=device, sizes=chosen,
                     repeats=repeats, warmup=warmup, threads_per_rank=cores_per_process(ranks),
                     compute_s=compute_s)
@@ -52,6 +61,38 @@ def on_hosts(plan: CommPlan, made) -> CommPlan:
 
     return replace(plan, host_namespaces=tuple(h.namespace for h in made.hosts),
                    master_addr=made.master_addr, link_rate=rate_name(made.rate_bps))
+
+
+# Each rank holds its payload, and gloo (or NCCL) stages as much again while reducing it.
+COPIES_PER_RANK = 2
+
+
+def _check_host_memory(sizes: tuple, ranks: int) -> None:
+    """Every rank of this host holds the largest payload, twice: more than the memory
+    this process may take (its cgroup's limit included) is refused, not an allocation
+    error in a rank."""
+    need, have = COPIES_PER_RANK * ranks * max(sizes), memory.available_bytes()
+    if need > have:
+        raise UsageError(f"--sizes {figures.human_size(max(sizes))}: {ranks} ranks need about "
+                         f"{figures.human_size(need)} for it ({COPIES_PER_RANK} copies each) "
+                         f"and this host has {figures.human_size(have)} available; give "
+                         "smaller sizes or --max-size")
+
+
+def _check_gpu_memory(sizes: tuple, ranks: int, cuda) -> None:
+    gpus = max(1, cuda.device_count())
+    sharing = -(-ranks // gpus)  # ranks per GPU, rounded up
+    have = min(cuda.get_device_properties(i).total_memory for i in range(gpus))
+    need = COPIES_PER_RANK * sharing * max(sizes)
+    if need > have:
+        raise UsageError(f"--sizes {figures.human_size(max(sizes))}: {sharing} rank(s) per GPU "
+                         f"need about {figures.human_size(need)} for it and a GPU has "
+                         f"{figures.human_size(have)}; give smaller sizes or --max-size")
+
+
+def _nvidia_device() -> bool:
+    """Whether the NVIDIA driver shows a GPU, without importing torch (its device files)."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def _check_counts(ranks: int, nodes: int, repeats: int, warmup: int) -> None:

@@ -172,7 +172,6 @@ def _after_compute(tensor, plan: CommPlan, device, group, step, alone: float) ->
     """Repeats of (a training step, all-reduce): the last rank's all-reduce time of each,
     the mean rank's wait for it (mean of the ranks' times − the last one's), and how long
     the steps took side by side against one rank alone."""
-    import torch
     import torch.distributed as dist
 
     for _ in range(plan.warmup):
@@ -262,7 +261,6 @@ def _alone(step, device, group, times: int = 3) -> float:
 
 
 def _timed_loop(tensor, iters: int, device, group) -> float:
-    import torch
     import torch.distributed as dist
 
     dist.barrier(group=group)

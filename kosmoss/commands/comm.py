@@ -73,10 +73,10 @@ def comm_command(args: argparse.Namespace) -> None:
 
     sizes = None if args.sizes is None else [figures.parse_size(s, "--sizes") for s in args.sizes]
     max_size = None if args.max_size is None else figures.parse_size(args.max_size, "--max-size")
+    out_dir = output_folder(args.out)  # checked before torch is imported, as every flag is
     plan = make_plan(args.ranks, args.nodes, args.backend, args.device, sizes, max_size,
                      args.repeats, args.warmup, args.compute_s)
     rate = check_host_flags(args, plan)  # bad input: before anything is said or made
-    out_dir = output_folder(args.out)
     progress = Console(stderr=True, highlight=False)
     progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "
                    f"{plan.device}, {len(plan.sizes)} sizes up to "

@@ -241,8 +241,15 @@ def table(result: dict) -> Table:
 
 def summary_lines(result: dict) -> List[str]:
     found = result["verdict"]
-    beyond = ("samples/s still rise at the largest world of this grid: extend --devices or "
-              "--nodes" if found["peak_is_largest"] else "beyond it adding devices loses samples/s")
+    best = max(row["speedup"] for row in result["rows"])
+    if best < 1:  # the peak of a grid that only loses is no reason to grow it
+        beyond = (f"no world of this grid beats one device (best speedup {best:.2f}): adding "
+                  "devices loses samples/s here")
+    elif found["peak_is_largest"]:
+        beyond = ("samples/s still rise at the largest world of this grid: extend --devices or "
+                  "--nodes")
+    else:
+        beyond = "beyond it adding devices loses samples/s"
     lines = [f"peak: {found['peak']} at {found['peak_samples_per_s']:,.0f} samples/s; {beyond}."]
     if found["break_even"]:
         lines.append(f"break-even: from {found['break_even']} the efficiency falls below 50 % "

@@ -7,6 +7,7 @@ import sys
 from ..core.commandline import command_main
 from ..devices.policy import MachineGpu
 from ..launch.lifetime import die_with_spawner
+from ..launch.records import mark_external_rank
 from ..run.flags import add_run_flags, checked_config, flag_names
 
 HELP = "train the MLP on CPU (1 process, DDP over gloo, simulated nodes, or Horovod)"
@@ -22,6 +23,7 @@ def register(subparsers) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
+    mark_external_rank()  # torchrun's, srun's ranks: known as kosmoss's from any home
     die_with_spawner()  # a local rank Lightning started ends with the rank that started it
     config = checked_config(args, machine=MachineGpu.from_environment("none"), use_gpu=False)
     from ..run.pipeline import run_from_command_line  # Lightning: seconds to import

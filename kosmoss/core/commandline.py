@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Mapping, Optional
 
@@ -18,19 +19,36 @@ class OneLineParser(argparse.ArgumentParser):
 def run_command(prog: str, command: Callable[[], object],
                 flag_names: Optional[Mapping[str, str]] = None) -> int:
     """Bad input -> one line on stderr and exit 2, a configuration field named by its flag
-    (``flag_names``); a failure during the run -> one line, exit 1."""
+    (``flag_names``); a failure during the run -> one line, exit 1. The ranks an external
+    launcher started all find the same bad input: the first rank of each node says it."""
     try:
         command()
     except ConfigError as err:
-        print(f"{prog}: error: {err.in_terms_of(flag_names or {})}", file=sys.stderr)
+        _say(f"{prog}: error: {err.in_terms_of(flag_names or {})}")
         return EXIT_USAGE
     except UsageError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        _say(f"{prog}: error: {err}")
         return EXIT_USAGE
     except RunFailed as err:
         print(f"{prog}: failed: {err}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
+
+
+# A launcher's variables: (its rank on this node, a variable only its ranks have).
+LAUNCHED_RANKS = (("LOCAL_RANK", "TORCHELASTIC_RUN_ID"), ("SLURM_LOCALID", "SLURM_PROCID"),
+                  ("HOROVOD_LOCAL_RANK", "HOROVOD_RANK"),
+                  ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK"))
+
+
+def _say(line: str) -> None:
+    if not _another_rank_on_this_node_speaks():
+        print(line, file=sys.stderr)
+
+
+def _another_rank_on_this_node_speaks() -> bool:
+    return any(os.environ.get(local, "0").strip() not in ("0", "") and marker in os.environ
+               for local, marker in LAUNCHED_RANKS)
 
 
 def command_main(prog: str, description: str, add_arguments: Callable, argv=None) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import errno
 import fcntl
 import hashlib
 import json
@@ -43,7 +44,7 @@ from typing import Callable, Iterator, List, Optional
 import numpy as np
 import psutil
 
-from ..core.errors import DatasetError
+from ..core.errors import DatasetError, RunFailed
 from ..core.files import atomic_write_json
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
@@ -122,8 +123,19 @@ def prepare(
 ) -> PreparedDataset:
     """Write ``source`` as a dataset at ``dest``; returns it. A dataset already there from
     the same request is reused (``reused`` set); one from another request is an error
-    unless ``force``; a folder that is not a kosmoss dataset is never touched."""
+    unless ``force``; a folder that is not a kosmoss dataset, or a dataset folder holding
+    files kosmoss did not write, is never touched. A folder that cannot be written is a
+    :class:`DatasetError`, a disk that fills up a :class:`RunFailed`: one line each, and
+    nothing half-written is left."""
     dest = Path(dest)
+    try:
+        return _prepare(source, dest, shard_size, force, on_shard, log)
+    except OSError as err:
+        raise _write_error(dest, err) from None
+
+
+def _prepare(source: ColumnSource, dest: Path, shard_size: int, force: bool, on_shard,
+             log) -> PreparedDataset:
     dest.parent.mkdir(parents=True, exist_ok=True)
     request = request_of(source, shard_size)
     with _lock(dest):
@@ -141,6 +153,22 @@ def prepare(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return open_dataset(dest, verify=False)
+
+
+def _write_error(dest: Path, err: OSError) -> Exception:
+    where = f"{err.filename}: " if err.filename else ""
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return DatasetError(f"{dest}: cannot be written ({where}{err.strerror}); nothing "
+                            "written: give a folder you can write (--out DIR, or another "
+                            "KOSMOSS_HOME)")
+    # numpy's np.save checks the space first and raises an OSError without an errno.
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) or "free space" in str(err):
+        return RunFailed(f"{dest}: the disk filled up while preparing it "
+                         f"({err.strerror or os.strerror(errno.ENOSPC)}); "
+                         f"nothing half-written is left: free space in {dest.parent}, then "
+                         "prepare it again")
+    return RunFailed(f"{dest}: preparing it failed ({where}{err.strerror or err}); nothing "
+                     "half-written is left")
 
 
 def is_kosmoss_dataset(folder: Path) -> bool:
@@ -174,17 +202,36 @@ def _check_replaceable(dest: Path) -> None:
         raise DatasetError(f"{dest}: not a kosmoss dataset (no kosmoss {METADATA_FILE}), so "
                            "--force does not replace it; nothing deleted: choose another "
                            "name or folder")
+    foreign = sorted(set(os.listdir(dest)) - _files_kosmoss_wrote(dest))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                          else "")
+        raise DatasetError(f"{dest}: holds files kosmoss did not write ({shown}), so --force "
+                           "does not replace it; nothing deleted: move them out, or choose "
+                           "another name or folder")
+
+
+def _files_kosmoss_wrote(dest: Path) -> set:
+    """What a preparation writes in a dataset folder: its metadata names the shards."""
+    names = {METADATA_FILE, STATS_FILE, VERIFIED_FILE}
+    try:
+        shards = json.loads((dest / METADATA_FILE).read_text()).get("shards") or []
+        names |= {shard[key] for shard in shards for key in ("x_file", "y_file")}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # a broken metadata.json names no shard: its folder's files count as foreign
+    return names
 
 
 @contextlib.contextmanager
 def _lock(dest: Path) -> Iterator[None]:
     # Ranks started together (torchrun, srun) may all ask for the same preset: one prepares.
-    with open(dest.parent / f".{dest.name}.lock", "w") as handle:
+    # The lock is on the parent folder itself: a lock file stayed beside every target.
+    handle = os.open(dest.parent, os.O_RDONLY)
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(handle)  # closing it releases the lock
 
 
 def _aside(dest: Path, kind: str) -> Path:
@@ -237,7 +284,8 @@ def _write_shard(folder: Path, index: int, x: np.ndarray, y: np.ndarray) -> Shar
     names = (f"x_{index:05d}.npy", f"y_{index:05d}.npy")
     for name, array in zip(names, (x, y)):
         np.save(folder / name, np.ascontiguousarray(array, dtype=DTYPE))
-    return Shard(names[0], names[1], len(x), sha256_of(folder / names[0]), sha256_of(folder / names[1]))
+    return Shard(names[0], names[1], len(x), sha256_of(folder / names[0]),
+                 sha256_of(folder / names[1]))
 
 
 def _swap_into_place(tmp: Path, dest: Path) -> None:
@@ -319,7 +367,8 @@ def open_dataset(path: Path, *, verify: bool = True,
     file, or with ``trust_unchanged`` of the files changed since they last matched)."""
     path = Path(path)
     if not path.is_dir():
-        raise DatasetError(f"{path}: no such dataset folder; prepare it with `kosmoss data prepare`")
+        raise DatasetError(f"{path}: no such dataset folder; prepare it with "
+                           "`kosmoss data prepare`")
     metadata = _read_metadata(path)
     dataset = PreparedDataset(path, metadata)
     offsets_total = 0
@@ -389,7 +438,8 @@ def verify_checksums(dataset: PreparedDataset, *, trust_unchanged: bool = False)
     modification time are those recorded when it last matched is not hashed again (the
     quick check rsync and make use; `kosmoss data info --verify` hashes everything)."""
     expected = {name: digest for shard in dataset.shards
-                for name, digest in ((shard.x_file, shard.x_sha256), (shard.y_file, shard.y_sha256))}
+                for name, digest in ((shard.x_file, shard.x_sha256),
+                                     (shard.y_file, shard.y_sha256))}
     stats = dataset.metadata["stats"]
     expected[stats["file"]] = stats["sha256"]
     matched = _read_verified(dataset.path) if trust_unchanged else {}

@@ -111,10 +111,11 @@ def _chain(error: Optional[BaseException]) -> Iterator[BaseException]:
 _RENDEZVOUS = re.compile(r"waiting for clients\.\s*(\d+/\d+ clients joined)")
 
 
-def timeout_line(error: BaseException, timeout_s: float) -> str:
+def timeout_line(error: BaseException, timeout_s: float, culprit: Optional[str] = None) -> str:
     """What a collective timeout means, in words: the start-up check names the missing
     ranks; the rendezvous says how many ranks came (a rank that started late or never);
-    anything later is a collective that one rank did not reach."""
+    anything later is a collective that one rank did not reach: ``culprit`` names it
+    (:func:`who_hangs`), when this host's stacks tell."""
     for each in _chain(error):
         if isinstance(each, StartupTimeout):
             return str(each)
@@ -123,8 +124,31 @@ def timeout_line(error: BaseException, timeout_s: float) -> str:
             return (f"the ranks did not all meet at start-up within {timeout_s:g} s "
                     f"(--collective-timeout; {joined.group(1)}): a rank started late or never "
                     "(on a loaded machine importing torch can take minutes; raise the flag)")
-    return (f"a collective waited longer than {timeout_s:g} s (--collective-timeout): a rank "
-            "hangs or is far slower than the others")
+    why = culprit or "a rank hangs or is far slower than the others"
+    return f"a collective waited longer than {timeout_s:g} s (--collective-timeout): {why}"
+
+
+def who_hangs(result) -> Optional[str]:
+    """The rank the others wait for, from the stacks of the run's processes on this host
+    (a :class:`~.stacks.RunStacks`): a stopped one (/proc says state T), else the one
+    not in a collective while the others are, else ranks in different collectives (a
+    deadlock). None when this host cannot tell (the rank is elsewhere, or gone)."""
+    from .runs import STOPPED_WHY
+
+    ranks = [s for s in result.processes if s.process.role == "rank"]
+    stopped = [s for s in ranks if s.stopped]
+    if stopped:
+        return "; ".join(f"{s.process.label} (pid {s.process.pid}) is stopped "
+                         f"({STOPPED_WHY.format(pid=s.process.pid)})" for s in stopped)
+    with_ranks = [g for g in result.groups if any(m.process.role == "rank" for m in g.members)]
+    odd = [g for g in with_ranks if g.odd and not g.waits]
+    if odd:
+        return "; ".join(f"{g.labels} is not in a collective: {g.summary}" for g in odd)
+    waiting = [g for g in with_ranks if g.waits]
+    if len(waiting) > 1 and len({g.summary for g in waiting}) > 1:
+        return "the ranks wait in different collectives (a deadlock): " + "; ".join(
+            f"{g.labels} {g.summary}" for g in waiting)
+    return None
 
 
 def _says_timeout(error: BaseException) -> bool:
@@ -139,6 +163,11 @@ def _says_timeout(error: BaseException) -> bool:
 def write_stacks(run_dir: Path) -> Path:
     """Dump the stacks of every live process of the run into ``run_dir/stacks/`` (text, and
     JSON beside it) and return the text file. The caller's own stack is read in-process."""
+    return dump_stacks(run_dir)[0]
+
+
+def dump_stacks(run_dir: Path):
+    """:func:`write_stacks`, and the stacks themselves (a :class:`~.stacks.RunStacks`)."""
     from ..core.files import atomic_write_json, atomic_write_text
     from .runs import RunProcess, live_run_at
     from .stacks import collect, render_json, render_text
@@ -150,7 +179,7 @@ def write_stacks(run_dir: Path) -> Path:
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}"
     folder = Path(run_dir) / STACKS_DIR
     atomic_write_json(folder / f"{stem}.json", render_json(dump))
-    return atomic_write_text(folder / f"{stem}.txt", render_text(dump))
+    return atomic_write_text(folder / f"{stem}.txt", render_text(dump)), dump
 
 
 def flight_recorder_env(run_dir: Path) -> Dict[str, str]:

@@ -86,6 +86,9 @@ class Heartbeat(LeanCallback):
         if not trainer.sanity_checking:  # validation is no step: rates start again after it
             self._history.clear()
             self._last_end = None
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            # Back to training: short epochs would otherwise leave "validate" in the file.
+            self._write(trainer, "train", force=True)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._write(trainer, "ended", force=True)

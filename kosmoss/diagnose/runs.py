@@ -22,6 +22,24 @@ from ..launch import records
 from ..launch.records import RUNNING, ProcessId
 
 HEARTBEAT_DIR = "heartbeats"  # written by .heartbeat (which imports Lightning; this does not)
+RUNNING_STATE, SLEEPING, STOPPED, GONE = "running", "sleeping", "stopped", "gone"
+# psutil's names of /proc/<pid>/stat's state letter, in the words the tools print.
+_STATES = {psutil.STATUS_RUNNING: RUNNING_STATE, psutil.STATUS_SLEEPING: SLEEPING,
+           psutil.STATUS_DISK_SLEEP: SLEEPING, psutil.STATUS_IDLE: SLEEPING,
+           psutil.STATUS_STOPPED: STOPPED, psutil.STATUS_TRACING_STOP: STOPPED,
+           psutil.STATUS_ZOMBIE: GONE, psutil.STATUS_DEAD: GONE}
+STOPPED_WHY = ("state T: SIGSTOP, Ctrl-Z or a debugger holds it; it makes no step until "
+               "`kill -CONT {pid}`")
+
+
+def process_state(proc: Optional[psutil.Process]) -> str:
+    """running | sleeping | stopped | gone, as /proc/<pid>/stat says (psutil.status())."""
+    if proc is None:
+        return GONE
+    try:
+        return _STATES.get(proc.status(), SLEEPING)
+    except psutil.Error:
+        return GONE
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
@@ -39,6 +57,9 @@ class RunProcess:
 
     def process(self) -> Optional[psutil.Process]:
         return ProcessId(self.pid, self.create_time).process()
+
+    def state(self) -> str:
+        return process_state(self.process())
 
     def as_dict(self) -> dict:
         return {"pid": self.pid, "role": self.role, "rank": self.rank, "label": self.label}

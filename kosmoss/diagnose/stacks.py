@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core.errors import UsageError
-from .runs import LiveRun, RunProcess, read_heartbeats
+from .runs import RUNNING_STATE, STOPPED, STOPPED_WHY, LiveRun, RunProcess, read_heartbeats
 
 _HERE = Path(__file__).parent
 FRESH_S = 5.0  # a heartbeat this recent: the run is still making steps
@@ -95,6 +95,11 @@ class ProcessStacks:
     process: RunProcess
     threads: List[Thread] = field(default_factory=list)
     error: Optional[str] = None
+    state: str = RUNNING_STATE  # running | sleeping | stopped | gone (/proc)
+
+    @property
+    def stopped(self) -> bool:
+        return self.state == STOPPED
 
     @property
     def main(self) -> Optional[Thread]:
@@ -155,18 +160,21 @@ def collect(run: LiveRun, native: bool = False, strict: bool = False) -> RunStac
     mine = own_threads()  # in the calling thread: it may be handling the error to explain
 
     def one(member: RunProcess) -> ProcessStacks:
+        state = member.state()
         try:
             if member.pid == os.getpid():
-                return ProcessStacks(member, mine)
+                return ProcessStacks(member, mine, state=state)
             if py_spy is None:
-                return ProcessStacks(member, error=tool)
-            return ProcessStacks(member, dump(member.pid, native, py_spy))
+                return ProcessStacks(member, error=tool, state=state)
+            # A stopped process cannot be paused to be read: read it as it stands.
+            threads = dump(member.pid, native, py_spy, nonblocking=state == STOPPED)
+            return ProcessStacks(member, threads, state=state)
         except PtraceDenied as err:
             if strict:
                 raise
-            return ProcessStacks(member, error=str(err))
+            return ProcessStacks(member, error=str(err), state=state)
         except StackError as err:
-            return ProcessStacks(member, error=str(err))
+            return ProcessStacks(member, error=str(err), state=state)
 
     with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_DUMPS, len(run.processes)))) as pool:
         dumped = list(pool.map(one, run.processes))
@@ -185,10 +193,15 @@ class StackError(Exception):
     """One process's stack could not be read (it ended meanwhile, py-spy failed)."""
 
 
-def dump(pid: int, native: bool = False, py_spy: Optional[str] = None) -> List[Thread]:
+def dump(pid: int, native: bool = False, py_spy: Optional[str] = None,
+         nonblocking: bool = False) -> List[Thread]:
+    """py-spy's dump of ``pid``. ``nonblocking``: read it without pausing it (py-spy's
+    pause fails on a stopped process; a moving one may then read torn)."""
     command = [py_spy or find_py_spy(), "dump", "--pid", str(pid), "--json"]
     if native:
         command.append("--native")
+    if nonblocking:
+        command.append("--nonblocking")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -308,7 +321,11 @@ def group(dumped: Sequence[ProcessStacks]) -> List[Group]:
 
 def describe(stacks: ProcessStacks) -> Tuple[str, bool]:
     """One line for a stack, innermost first, and whether it waits in a collective:
-    "all_reduce of the gradients (DDP) ← backward ← optimizer_step"."""
+    "all_reduce of the gradients (DDP) ← backward ← optimizer_step". A stopped process
+    says so first: it waits for nothing, nothing runs in it."""
+    if stacks.stopped:
+        where, _ = describe(ProcessStacks(stacks.process, stacks.threads, stacks.error))
+        return f"stopped ({STOPPED_WHY.format(pid=stacks.process.pid)}), at {where}", False
     if stacks.error:
         return stacks.error, False
     thread = stacks.main
@@ -381,16 +398,22 @@ def _stdlib_roots() -> Tuple[str, ...]:
 
 
 def _signature(stacks: ProcessStacks) -> Tuple:
-    if stacks.error or stacks.main is None:
-        return ("error", stacks.process.pid)
+    if stacks.stopped or stacks.error or stacks.main is None:
+        return (stacks.state, "error", stacks.process.pid)
     # Native addresses (0x7f...) differ between processes: leave them out.
     return tuple((f.name, f.filename, f.line) for f in stacks.main.frames
                  if not f.name.startswith("0x"))
 
 
 def _mark_odd(groups: List[Group]) -> None:
-    """The rank(s) the others wait for: not in a collective while the rest are; else the
-    one group smaller than all the others."""
+    """The rank(s) the others wait for: stopped; else not in a collective while the rest
+    are; else the one group smaller than all the others."""
+    stopped = [g for g in groups if any(m.process.role == "rank" and m.stopped
+                                        for m in g.members)]
+    for g in stopped:
+        g.odd, g.why_odd = True, "stopped: it makes no step, the other ranks wait for it"
+    if stopped:
+        return
     ranked = [g for g in groups if any(m.process.role == "rank" and not m.error
                                        for m in g.members)]
     if len(ranked) < 2:
@@ -438,7 +461,7 @@ def render_text(result: RunStacks) -> str:
         mark = f"   <-- odd one out: {g.why_odd}" if g.odd else ""
         lines.append(f"{g.labels}: {g.summary}{mark}")
     for g in result.groups:
-        if not g.members[0].error:
+        if g.members[0].threads:
             lines += ["", f"== {g.labels}" + (" (identical stacks)" if len(g.members) > 1
                                               else "")]
             lines += thread_lines(g.members[0])
@@ -461,8 +484,9 @@ def render_json(result: RunStacks) -> dict:
         "run_id": run.run_id, "run_dir": str(run.run_dir), "state": run.state,
         "tool": result.tool, "native": result.native, "last_step_s_ago": result.moving_s,
         "groups": [{"members": [m.process.as_dict() for m in g.members], "summary": g.summary,
-                    "waits_in_collective": g.waits, "odd_one_out": g.odd, "why": g.why_odd}
+                    "waits_in_collective": g.waits, "odd_one_out": g.odd, "why": g.why_odd,
+                    "state": g.members[0].state}
                    for g in result.groups],
-        "processes": [{**s.process.as_dict(), "error": s.error,
+        "processes": [{**s.process.as_dict(), "error": s.error, "state": s.state,
                        "threads": [t.as_dict() for t in s.threads]} for s in result.processes],
     }

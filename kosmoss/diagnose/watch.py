@@ -13,8 +13,13 @@ A *straggler* is flagged when, compared with the median of the other ranks:
   ``threshold`` (and by at least 2 ms): under DDP every rank makes the same number of steps,
   so the slow rank is the one the others wait for in backward's all-reduce;
 - or its step rate is lower by more than ``threshold`` (ranks that do not wait for each other);
-- or its heartbeat is older than ``stale_s`` while the others' are fresh (stuck, or dead).
-When every heartbeat is stale the run is stuck as a whole: ``kosmoss stacks`` says where.
+- or its heartbeat is older than ``stale_s`` while the others' are fresh (stuck, or dead);
+- or its process is stopped (state T in /proc: SIGSTOP, Ctrl-Z, a debugger), however fresh
+  its last heartbeat.
+Each rank's process state comes from /proc (psutil): running, sleeping, stopped; a rank
+that has not stepped for ``NOT_STEPPING_S`` and sleeps is read with py-spy (without pausing
+it): "sleeping in a collective" waits for another rank. When every heartbeat is stale and
+no rank is stopped, the run is stuck as a whole: ``kosmoss stacks`` says where.
 """
 from __future__ import annotations
 
@@ -26,12 +31,15 @@ from typing import Dict, List, Optional
 import psutil
 
 from ..launch.records import RUNNING
-from .runs import LiveRun, RunProcess, live_run_at, read_heartbeats
+from .runs import (SLEEPING, STOPPED, STOPPED_WHY, LiveRun, RunProcess, live_run_at,
+                   read_heartbeats)
 
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_STALE_S = 15.0
 MIN_BUSY_GAP_MS = 2.0  # timer noise on a loaded machine: smaller gaps are not a straggler
 CPU_SAMPLE_S = 0.5  # psutil's CPU % is measured between two readings
+NOT_STEPPING_S = 3.0  # three heartbeats missed: worth asking py-spy where the rank sleeps
+IN_A_COLLECTIVE = "sleeping in a collective"
 
 
 @dataclass
@@ -48,6 +56,8 @@ class RankView:
     wait_ms: Optional[float] = None
     loss: Optional[float] = None
     heartbeat_age_s: Optional[float] = None
+    process: Optional[str] = None  # running | sleeping | sleeping in a collective | stopped
+    waits_in: Optional[str] = None  # the collective, when it sleeps in one
     cpu_percent: Optional[float] = None
     rss_bytes: Optional[int] = None
     gpu_memory_bytes: Optional[int] = None
@@ -137,6 +147,10 @@ def _measure(view: RankView, member: Optional[RunProcess], run: LiveRun, sampler
              gpu: Dict[int, dict]) -> RankView:
     if member is None:
         return view
+    view.process = member.state()
+    if view.process == SLEEPING and (view.heartbeat_age_s or 0) > NOT_STEPPING_S:
+        view.waits_in = _collective_of(member)
+        view.process = IN_A_COLLECTIVE if view.waits_in else SLEEPING
     view.cpu_percent = sampler.cpu(member)
     try:
         view.rss_bytes = member.process().memory_info().rss
@@ -152,20 +166,43 @@ def _measure(view: RankView, member: Optional[RunProcess], run: LiveRun, sampler
     return view
 
 
+def _collective_of(member: RunProcess) -> Optional[str]:
+    """Where a rank that does not step sleeps, if in a collective (py-spy, not pausing it)."""
+    from .stacks import ProcessStacks, describe, dump
+
+    try:
+        where, waits = describe(ProcessStacks(member, dump(member.pid, nonblocking=True)))
+    except Exception:  # py-spy missing, not permitted, or the process ended: no answer
+        return None
+    return where if waits else None
+
+
 def _flag_stragglers(views: List[RankView], threshold: float, stale_s: float) -> List[str]:
     active = [v for v in views if v.state in ("setup", "train", "validate")]
-    stale = [v for v in active if (v.heartbeat_age_s or 0) > stale_s]
+    stopped = [v for v in active if v.process == STOPPED]
+    stale = [v for v in active if (v.heartbeat_age_s or 0) > stale_s and v not in stopped]
     gone = [v for v in views if v.state == "gone"]
     notes = []
     for view in gone:
         _flag(view, "its process is gone, the run did not end: the others will wait for it")
-    if active and len(stale) == len(active):
+    for view in stopped:
+        _flag(view, f"stopped ({STOPPED_WHY.format(pid=view.pid)}): the others wait for it")
+    if stopped:
+        waiting = [v.label for v in active if v.process == IN_A_COLLECTIVE]
+        if waiting:
+            notes.append(f"{', '.join(waiting)} sleep(s) in a collective, waiting for "
+                         f"{', '.join(v.label for v in stopped)}")
+    elif active and len(stale) == len(active):
         notes.append(f"every rank's heartbeat is older than {stale_s:g} s: the run is stuck "
                      "(`kosmoss stacks` shows where)")
+        waiting = [v for v in active if v.process == IN_A_COLLECTIVE]
+        for view in (v for v in active if waiting and v.process != IN_A_COLLECTIVE):
+            _flag(view, f"{view.process or 'its process'}, not in a collective, while "
+                        f"{', '.join(v.label for v in waiting)} wait(s) in one for it")
     else:
         for view in stale:
             _flag(view, f"no heartbeat for {view.heartbeat_age_s:.0f} s while the others go on")
-    training = [v for v in active if v.state == "train" and v not in stale]
+    training = [v for v in active if v.state == "train" and v not in stale and v not in stopped]
     for view in training:
         others = [o for o in training if o is not view]
         _compare(view, others, "busy_ms", threshold, higher_is_slow=True)
@@ -226,8 +263,8 @@ def table(snap: Snapshot):
 
     on_gpu = any(v.gpu_memory_bytes is not None for v in snap.ranks)
     with_workers = any(v.workers for v in snap.ranks)
-    columns = ["rank", "pid", "state", "step", "samples/s", "loss", "beat", "busy/wait ms",
-               "CPU %", "RSS"] + (["GPU mem", "GPU %"] if on_gpu else []) + \
+    columns = ["rank", "pid", "state", "process", "step", "samples/s", "loss", "beat",
+               "busy/wait ms", "CPU %", "RSS"] + (["GPU mem", "GPU %"] if on_gpu else []) + \
         (["workers (CPU %)"] if with_workers else [])
     grid = Table(title=f"run {snap.run_id} ({snap.state}), "
                        f"{time.strftime('%H:%M:%S', time.localtime(snap.time))}",
@@ -235,7 +272,8 @@ def table(snap: Snapshot):
     for column in columns:
         grid.add_column(column, no_wrap=True)
     for v in snap.ranks:
-        cells = [v.label + (" *" if v.straggler else ""), _text(v.pid), v.state, _text(v.step),
+        cells = [v.label + (" *" if v.straggler else ""), _text(v.pid), v.state,
+                 _text(v.process), _text(v.step),
                  _num(v.samples_per_s, 0), _num(v.loss, 4), _age(v.heartbeat_age_s),
                  _pair(v.busy_ms, v.wait_ms), _num(v.cpu_percent, 0),
                  _bytes(v.rss_bytes)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from typing import Iterator
 
 from .core import Exercise, Mistake, failed, is_integer, learner, passed

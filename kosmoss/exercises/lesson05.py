@@ -6,7 +6,6 @@ and memory share of ranks sharing a host's GPUs (``kosmoss.devices.policy.sharin
 from __future__ import annotations
 
 import itertools
-import math
 
 from .core import Exercise, LearnerRaised, Mistake, failed, learner, number, passed, show
 from .tolerance import float64_close

@@ -315,8 +315,6 @@ def _combination(parts: List, got):
     """The weights (0, 1 or 2 per rank) whose sum of the ranks' chunks is ``got``."""
     import itertools
 
-    import torch
-
     if not got.numel():
         return (1,) * len(parts)
     for weights in itertools.product((1, 0, 2), repeat=len(parts)):

@@ -179,7 +179,7 @@ def _sum_hint(rank: int, name: str, value: float, ranks: List[dict]) -> str:
                 "every rank")
     total = sum(STATS[r][name] for r in range(n))
     if value == total / n:
-        return f": the mean over the ranks — the statistics are summed, not averaged"
+        return ": the mean over the ranks — the statistics are summed, not averaged"
     if value == sum(int(STATS[r][name]) for r in range(n)):
         return ": the fractions were cut off — keep the values as floats"
     return ""

@@ -181,7 +181,6 @@ def _run_learner(mine, x, y, micro: int):
 def _accumulate_mistake(model, x, y, seen, steps: int, micro: int):
     import torch
 
-    batch = len(x)
     right_sizes = sorted(len(part) for part in x.tensor_split(micro))
     if sorted(seen) != right_sizes:
         return (f"your forward passes saw {seen} columns; accumulation runs {micro} slices "

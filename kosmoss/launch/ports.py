@@ -22,7 +22,7 @@ def check_master_port(topology: Topology) -> None:
     """A MASTER_PORT the user set must be free before we start ranks on it, or they would
     fail with "Address already in use" one by one; name who holds it."""
     port = os.environ.get("MASTER_PORT")
-    if not port or not topology.launcher.starts_ranks:
+    if port is None or not topology.launcher.starts_ranks:  # set but empty: not a port either
         return
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"MASTER_PORT {port!r} is not a TCP port: unset it (kosmoss picks a "

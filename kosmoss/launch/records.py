@@ -7,7 +7,10 @@ later ``os.environ`` change, so a run marks its processes twice:
 
 - *before exec*, wherever kosmoss or Lightning starts a process (Lightning's extra ranks,
   simulated nodes, subprocesses of a rank): ``KOSMOSS_RUN_ID`` and ``KOSMOSS_RUN_LAUNCHER``
-  (``<run id>:<pid>:<create time>`` of the process that started the run) in its environment;
+  (``<run id>:<pid>:<create time>`` of the process that started the run) in its environment.
+  A rank that torchrun, srun, horovodrun or mpirun started has no such mark: it execs itself
+  once with it (:func:`mark_external_rank`, before torch is imported), so that it is known
+  for a kosmoss rank from any KOSMOSS_HOME, and once its home is deleted;
 - *after start*, by every process that runs kosmoss training, whoever launched it (the
   process the user started, torchrun's and srun's ranks, forked data workers): a record
   ``processes/<host>-<pid>.json`` in the run directory, with its create time (a reused pid
@@ -28,6 +31,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -306,6 +310,64 @@ def _earlier_attempts(run_dir: Path) -> List[dict]:
         return []
     last = {key: earlier.get(key) for key in ("started_at", "ended_at", "state", "error")}
     return list(earlier.get("attempts") or []) + [last]
+
+
+# What each external launcher sets in its ranks, in the order detect_launcher asks.
+EXTERNAL_RANK_MARKERS = (("torchrun", "TORCHELASTIC_RUN_ID"), ("horovodrun", "HOROVOD_RANK"),
+                         ("slurm", "SLURM_PROCID"), ("mpirun", "OMPI_COMM_WORLD_RANK"),
+                         ("mpirun", "PMI_RANK"))
+
+
+def external_kind() -> Optional[str]:
+    """The external launcher that started this process, from its variables alone (no torch)."""
+    return next((kind for kind, variable in EXTERNAL_RANK_MARKERS if variable in os.environ),
+                None)
+
+
+def external_run_id(kind: str, launcher: Optional[ProcessId] = None) -> str:
+    """The run id every rank of an external launcher derives alike: from the job's own id
+    (Slurm: the same across a requeue, so a resume finds it; torchrun's --rdzv-id), else from
+    the launcher's process (torchrun's agent; horovodrun and mpirun give no common id, so
+    kosmoss's Horovod engine takes rank 0's instead: this one only marks the process)."""
+    if kind == "slurm":
+        job = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get(
+            "SLURM_JOB_ID", "0")
+        return f"slurm-{job}"
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if kind == "torchrun" and elastic and elastic != "none":
+        return f"torchrun-{elastic[:12]}"
+    launcher = launcher or _parent() or ProcessId.of(os.getpid())
+    return f"{kind}-{launcher.pid}-{launcher.create_time:.0f}"
+
+
+def mark_external_rank() -> None:
+    """In a rank an external launcher started: exec this same command again with the run's
+    mark in its environment (the only environment others can read), same pid, before torch
+    is imported (~50 ms). Nothing when the mark is there, or kosmoss or nobody started it."""
+    kind = external_kind()
+    if kind is None or os.environ.get(RUN_ID_ENV) or not _runs_a_kosmoss_entry():
+        return
+    launcher = _external_launcher(kind)
+    run_id = external_run_id(kind, launcher)
+    mark = {RUN_ID_ENV: run_id, LAUNCHER_ENV: LauncherMark(run_id, launcher).encode()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **mark})
+    except OSError:  # an interpreter that cannot be run again: train unmarked
+        return
+
+
+ENTRY_SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "kosmoss")
+
+
+def _runs_a_kosmoss_entry() -> bool:
+    """This process's command is a kosmoss entry point, so running it again is training
+    (``main(argv)`` called from a test's or a notebook's process is not)."""
+    script = Path(sys.argv[0] if sys.argv else "")
+    entry = script.name in ENTRY_SCRIPTS or script.parent.name == "kosmoss"  # python -m kosmoss
+    return entry and bool(getattr(sys, "orig_argv", None))
 
 
 def _external_launcher(kind: str) -> ProcessId:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import RichProgressBar
+from torch.nn.parallel import DistributedDataParallel
 
 from ..devices.memory import peak_host_rss_mib
 from ..devices.policy import Sharing, apply_sharing, to_numpy
 from . import lightning_private as private
-from .chunks import Chunk
+from .chunks import Chunk, ChunkedBatchLoader
 from .lean import LeanCallback, LeanModelCheckpoint
 from .throughput import StepClock
 
@@ -21,7 +23,15 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
     """Lightning's ModelCheckpoint, whose ``last.ckpt`` also holds the final step. Lightning
     saves ``last`` after each validation and, at the end of training, only if it never saved
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
-    it to train further trained the steps after that validation a second time."""
+    it to train further trained the steps after that validation a second time. An epoch
+    that a stop (``interrupted``) cut short is no epoch's end: nothing is saved then, as in
+    a run never stopped (``preempted.ckpt`` holds that step)."""
+
+    def __init__(self, *args, interrupted: Callable[[], bool] = lambda: False,
+                 **kwargs) -> None:
+        # One run folder, one run: a resumed attempt replaces last.ckpt, never last-v1.ckpt.
+        super().__init__(*args, enable_version_counter=False, **kwargs)
+        self.interrupted = interrupted
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # --max-steps can end the first epoch before any validation: no val_loss yet to rank
@@ -29,12 +39,48 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
         # either way). on_train_end below still saves last.ckpt.
         if self.monitor is not None and self.monitor not in trainer.callback_metrics:
             return
-        super().on_train_epoch_end(trainer, pl_module)
+        if not self.interrupted():
+            super().on_train_epoch_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.interrupted():
+            return  # Lightning's own would save last.ckpt at the stop
         if self.save_last and private.last_saved_step(self) != trainer.global_step:
             private.save_last(self, trainer)
         super().on_train_end(trainer, pl_module)
+
+    def finish(self, trainer: pl.Trainer) -> None:
+        """After a fit that had nothing to train (a resume at its end): last.ckpt holds the
+        final step all the same."""
+        if self.save_last and private.last_saved_step(self) != trainer.global_step:
+            private.save_last(self, trainer)
+
+
+class LogsWithCheckpoints(LeanCallback):
+    """The loggers write their rows before every checkpoint: a run killed after one resumes
+    from it with every row up to it on disk (the CSV logger writes every 100 steps)."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        for logger in trainer.loggers:
+            logger.save()
+
+
+class BatchesProgressBar(RichProgressBar):
+    """Lightning's RichProgressBar, counting the epoch's batches (optimizer steps) where a step
+    of its loop holds K of them (kosmoss.run.chunks): "26/26, 180 it/s", not "4/4, 23 it/s"."""
+
+    @property
+    def total_train_batches(self):
+        loader = self.trainer.train_dataloader
+        if isinstance(loader, ChunkedBatchLoader):
+            return len(loader.sampler)
+        return super().total_train_batches
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loader = trainer.train_dataloader
+        if isinstance(loader, ChunkedBatchLoader):  # its count includes a resumed epoch's skips
+            batch_idx = loader.state_dict()["batches_done"] - 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class ThroughputMeter(LeanCallback):
@@ -54,6 +100,7 @@ class ThroughputMeter(LeanCallback):
         self.page_faults_per_step: List[float] = []
         self.step_time_cv: List[float] = []
         self.trained_from_step: Optional[int] = None
+        self.restored_curve = False  # the curve before this attempt came from its checkpoint
         self._fit_start = 0.0
         # Several steps a loop step (kosmoss.run.chunks): from one chunk's last step to the
         # next chunk's first batch runs Lightning's loop alone, once per chunk.
@@ -70,6 +117,14 @@ class ThroughputMeter(LeanCallback):
     @property
     def first_step_unix(self) -> Optional[float]:
         return self.clock.first_step_unix
+
+    def state_dict(self) -> dict:
+        # In every checkpoint: a resume, even from a killed attempt's, keeps the curve.
+        return {"val_curve": list(self.val_curve)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.val_curve = list(state_dict.get("val_curve", []))
+        self.restored_curve = True
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
@@ -141,6 +196,30 @@ class PrecisionProbe(LeanCallback):
         self._hook.remove()
 
 
+def per_parameter_allreduce(group, bucket):
+    """DDP's all-reduce (the mean over ranks), one parameter at a time. With 3 or more ranks
+    an element's sum rounds by where it sits in the buffer reduced (a ring starts each chunk
+    at another rank), and DDP lays its buckets out again after a process's first iteration:
+    a resumed run, whose first iteration is its checkpoint's next, left the run it continues
+    by the last bit (pytorch/pytorch#30509). A parameter reduced alone sits at the same place
+    whatever the bucket."""
+    world = torch.distributed.get_world_size(group)
+    done = [torch.distributed.all_reduce(grad.div_(world), group=group, async_op=True)
+            .get_future() for grad in bucket.gradients()]  # views of the bucket's buffer
+    return torch.futures.collect_all(done).then(lambda _: bucket.buffer())
+
+
+class ExactAllReduce(LeanCallback):
+    """Registers :func:`per_parameter_allreduce` on DDP's module when 3 or more ranks train
+    (with 2 a sum is one addition, exact in any order). Lightning's DDPStrategy registers a
+    comm hook on CUDA only (strategies/ddp.py, _register_ddp_hooks), so it is done here."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        model = trainer.strategy.model
+        if trainer.world_size >= 3 and isinstance(model, DistributedDataParallel):
+            model.register_comm_hook(None, per_parameter_allreduce)
+
+
 class GpuShare(LeanCallback):
     """Ranks that share a GPU each take 1/n of its memory (kosmoss.devices.policy.sharing)."""
 
@@ -152,8 +231,12 @@ class GpuShare(LeanCallback):
 
 
 def parameter_checksum(module: torch.nn.Module) -> str:
-    flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-    return hashlib.sha256(to_numpy(flat).tobytes()).hexdigest()[:15]
+    """sha256 of every parameter's bytes in order, one parameter at a time: the same digest
+    as of their concatenation, without a copy of the model in memory."""
+    digest = hashlib.sha256()
+    for parameter in module.parameters():
+        digest.update(to_numpy(parameter.detach().contiguous().flatten()).data)
+    return digest.hexdigest()[:15]
 
 
 class ReplicaCheck(LeanCallback):

@@ -26,17 +26,19 @@ from ..core.errors import ConfigError
 from ..data.loading import RankBatchSampler
 from ..engines.base import Engine
 from . import lightning_private as private
-from .lean import LeanCallback, LeanLitMLP
+from .lean import LeanLitMLP
 
 STEPS_PER_EXECUTION = 8  # 0.93 of the raw loop at 256 on 2 cores; 32 measured no better
 
 
 def steps_per_execution(asked: Optional[int], world_size: int, engine: Engine, accelerator: str,
-                        data_mode: str, num_workers: int) -> int:
+                        data_mode: str, num_workers: int, num_nodes: int = 1) -> int:
     """K for a run: ``asked``, else STEPS_PER_EXECUTION where a loop step can hold several,
     else 1. Asking for more than 1 where it cannot is a ConfigError."""
+    world = (f"{world_size} processes" if num_nodes == 1 else
+             f"{num_nodes} nodes ({world_size} processes)")
     why_not = [reason for reason, holds in (
-        (f"{world_size} processes", world_size == 1),
+        (world, world_size == 1),
         (f"--strategy {engine.name}", engine.steps_in_chunks),
         (f"a GPU fed from host memory (--mode {data_mode})",
          accelerator == "cpu" or data_mode == "device"),
@@ -210,56 +212,3 @@ class StepsInChunks(LeanLitMLP):
             for logger in self.loggers:
                 logger.log_metrics(row, step=step)
                 logger.save()
-
-
-class ChunkCounts(LeanCallback):
-    """A checkpoint counts its epoch's batches in the unit of the run that saved it (chunks
-    or batches) and its steps in the optimisation it used (manual or automatic): a resume
-    with another K (another world size) would restart mid-epoch at the wrong batch and at
-    step 0. Before Lightning restores its loops, both are turned into this run's terms from
-    what does not depend on them: the loader's batches done and the steps made."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        loops = private.fit_loop_state(checkpoint)
-        if not loops:
-            return
-        loader = private.loader_states(loops)[0]
-        done, epoch = loader.get("batches_done"), loader.get("epoch")
-        batches = loops[private.BATCH_PROGRESS]
-        if done is not None:
-            _move(batches, self._chunks_done(trainer, done) - batches["current"]["processed"])
-            self._reopen_epoch(loops[private.EPOCH_PROGRESS], epoch, done, trainer)
-        automatic_step, automatic_zero_grad, manual = private.step_progresses(loops)
-        steps = max(automatic_step["total"]["completed"], manual["total"]["completed"])
-        for progress in (automatic_step, automatic_zero_grad, manual):
-            _move(progress, steps - progress["total"]["completed"])
-
-    @staticmethod
-    def _reopen_epoch(epochs: dict, epoch: int, done: int, trainer) -> None:
-        """--max-steps ends Lightning's epoch where it stops: a run trained further would
-        go on with the next epoch's number (and its shuffle) after finishing this one's
-        batches. Mid-epoch, the epoch stays open, as a checkpoint saved during it says."""
-        per_epoch = trainer.datamodule.train_batches_per_epoch() if trainer.datamodule else None
-        closed = epochs["current"]["completed"]
-        if per_epoch is not None and done < per_epoch and closed == epoch + 1:
-            for counters in (epochs["total"], epochs["current"]):
-                counters["processed"] -= 1
-                counters["completed"] -= 1
-
-    def _chunks_done(self, trainer, done: int) -> int:
-        """The epoch's chunks done: a chunk a step left part of at --max-steps counts once
-        the resumed epoch has taken the rest (its first chunk fills up to K), unless it was
-        the epoch's last."""
-        per_epoch = trainer.datamodule.train_batches_per_epoch() if trainer.datamodule else None
-        return math.ceil(done / self.steps) if done == per_epoch else done // self.steps
-
-
-def _move(progress: dict, delta: int) -> None:
-    """Move every counter of a Lightning progress by ``delta``: their differences, which
-    tell Lightning where in a step the checkpoint was saved, stay."""
-    for counters in (progress["total"], progress["current"]):
-        for key in counters:
-            counters[key] += delta

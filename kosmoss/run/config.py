@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import FrozenSet, Optional, Tuple
@@ -145,16 +146,29 @@ def run_folder(resume: str) -> Tuple[Path, Optional[Path]]:
     """``--resume``'s run folder, and the checkpoint it names or None: a run id, a run folder
     or a checkpoint file inside a run's ``checkpoints/``."""
     given = Path(resume).expanduser()
-    if given.suffix == ".ckpt":
-        if not given.is_file() or given.parent.name != "checkpoints":
-            raise ConfigError("resume", f"{{field}} {resume}: not a checkpoint in a run's "
-                              "checkpoints/ folder")
-        return given.parent.parent, given
+    if given.suffix == ".ckpt" or ("/" in resume and given.is_file()):
+        return _checkpoint_file(resume, given)
     folder = given if "/" in resume else paths.runs_root() / resume
     if not folder.is_dir():
         raise ConfigError("resume", f"{{field}} {resume}: no such run; give a run id from "
                           f"{paths.runs_root()} or a run folder")
     return folder, None
+
+
+def _checkpoint_file(resume: str, given: Path) -> Tuple[Path, Path]:
+    """A file named by --resume: a checkpoint in a run's checkpoints/ folder (the run's
+    settings are in the folder above)."""
+    if not given.is_file():
+        raise ConfigError("resume", f"{{field}} {resume}: no such checkpoint file; give one "
+                          "from a run's checkpoints/ folder, a run id or a run folder")
+    if given.suffix != ".ckpt":
+        raise ConfigError("resume", f"{{field}} {resume}: a file, not a checkpoint (*.ckpt); "
+                          "give a run id, a run folder or a checkpoint file of a run")
+    if given.parent.name != "checkpoints" or not given.parent.parent.is_dir():
+        raise ConfigError("resume", f"{{field}} {resume}: the checkpoint file is not in a "
+                          "run's checkpoints/ folder, where the run's settings are found; give "
+                          "one that is")
+    return given.parent.parent, given
 
 
 def _check_gpu_ids(config: RunConfig) -> None:
@@ -168,11 +182,22 @@ def _check_gpu_ids(config: RunConfig) -> None:
 
 
 def _check_output(path: Path) -> None:
-    """Found before training, not after it: a folder, a file that is not a kosmoss result
-    (the user's own: never overwritten), or a place that cannot be written."""
-    if path.is_dir():
+    """Found before training, not after it: a folder, a device or a FIFO (reading or writing
+    one blocks or never ends), a file that is not a kosmoss result (the user's own: never
+    overwritten), or a place that cannot be written."""
+    try:
+        mode = path.expanduser().stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise ConfigError("result_json", f"{{field}} {path}: cannot be looked at "
+                          f"({err.strerror}); give another path") from None
+    if mode is not None and stat.S_ISDIR(mode):
         raise ConfigError("result_json", f"{{field}} {path}: is a directory; give a file path")
-    if path.exists() and not is_kosmoss_result(path):
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError("result_json", f"{{field}} {path}: is not a regular file (a device, "
+                          "a FIFO or a socket); give a file path")
+    if mode is not None and not is_kosmoss_result(path.expanduser()):
         raise ConfigError("result_json", f"{{field}} {path}: exists and is not a kosmoss "
                           "result.json; give a new path (a previous result is replaced)")
     parent = path.expanduser().absolute().parent
@@ -182,10 +207,18 @@ def _check_output(path: Path) -> None:
                           "path in a folder you can write")
 
 
+RESULT_MAX_BYTES = 64 * 2**20  # a result.json with a validation curve of a million points
+
+
 def is_kosmoss_result(path: Path) -> bool:
-    """A result.json kosmoss wrote (its keys), which a new run may replace."""
+    """A result.json kosmoss wrote (its keys), which a new run may replace. Only a regular
+    file is read, and only so far: /dev/zero would never end."""
     try:
-        data = json.loads(Path(path).read_text())
+        if not stat.S_ISREG(Path(path).stat().st_mode):
+            return False
+        with open(path, "rb") as handle:
+            text = handle.read(RESULT_MAX_BYTES + 1)
+        data = json.loads(text) if len(text) <= RESULT_MAX_BYTES else None
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and {"run_id", "run_dir", "world_size", "config"} <= set(data)

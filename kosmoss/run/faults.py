@@ -28,6 +28,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from ..core.errors import RunFailed
+from ..core.files import atomic_write_text
 from ..launch import records
 from . import lightning_private as private
 from .lean import LeanCallback
@@ -41,48 +42,117 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     leaves half done in checkpoints/. Here the file is written beside its name, flushed to
     disk, then renamed: a checkpoint is whole or absent, and a full disk is one line."""
 
+
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
-        buffer = io.BytesIO()  # serialised first: a write error is then a plain OSError
-        torch.save(checkpoint, buffer)
         aside = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(aside, "wb") as handle:
-                handle.write(buffer.getbuffer())
+                _save_to(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(aside, path)
         except OSError as err:
             raise RunFailed(f"checkpoint {path} could not be written ({err.strerror or err}); "
-                            f"the previous one is intact: free space in {path.parent}, then "
-                            "resume with --resume") from err
+                            f"{_what_to_do(path)}") from err
         finally:
             aside.unlink(missing_ok=True)  # left only when the write failed
 
 
+class _KeepsWriteErrors:
+    """A file whose write errors are kept: torch.save reports them as a RuntimeError
+    ("unexpected pos"), which says neither that the disk is full nor which file."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _save_to(checkpoint: Dict[str, Any], handle) -> None:
+    """Streamed to the file: a copy in memory first would cost as much RAM as the
+    checkpoint (12 bytes per parameter with Adam's moments, docs/reliability.md)."""
+    sink = _KeepsWriteErrors(handle)
+    try:
+        torch.save(checkpoint, sink)
+    except RuntimeError:
+        if sink.error is not None:
+            raise sink.error from None
+        raise
+
+
+def _what_to_do(path: Path) -> str:
+    """Advice that works: --resume takes the run's furthest checkpoint of any kind."""
+    others = [p for p in path.parent.glob("*.ckpt") if p.is_file() and p != path]
+    if path.is_file() or others:
+        return (f"the checkpoints already written are intact: free space in {path.parent}, "
+                f"then resume with --resume {path.parent.parent.name}")
+    return (f"no checkpoint of this run was written: free space in {path.parent}, then start "
+            "it again")
+
+
 class _ContinuedWriter(ExperimentWriter):
     """Lightning deletes an existing metrics.csv when its writer starts; a resumed run
-    continues it instead (its header's columns first, new ones added as Lightning does)."""
+    continues it instead (its header's columns first, new ones added as Lightning does),
+    from the rows logged before its checkpoint: an attempt killed after that checkpoint
+    logged rows the resumed run logs again."""
+
+    def __init__(self, log_dir: str, resumed_from_step: Optional[int]) -> None:
+        self.resumed_from_step = resumed_from_step
+        super().__init__(log_dir=log_dir)
 
     def _check_log_dir_exists(self) -> None:
         if not self._fs.isfile(self.metrics_file_path):
             return
         with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
-            self.metrics_keys = next(csv.reader(handle), [])
+            reader = csv.DictReader(handle)
+            rows, self.metrics_keys = list(reader), list(reader.fieldnames or [])
+        kept = rows_before(rows, self.resumed_from_step)
+        if len(kept) < len(rows):
+            atomic_write_text(Path(self.metrics_file_path), _csv_text(self.metrics_keys, kept))
+
+
+def rows_before(rows: List[dict], step: Optional[int]) -> List[dict]:
+    """The rows logged before a checkpoint at ``step``: Lightning logs a step's rows at the
+    optimizer steps done before it (a validation after step 26 at step 25)."""
+    if step is None:
+        return rows
+    return [row for row in rows if int(float(row["step"])) < step]
+
+
+def _csv_text(keys: List[str], rows: List[dict]) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 class ContinuedCSVLogger(CSVLogger):
-    """CSVLogger whose metrics.csv a resumed run appends to (a new run has none)."""
+    """CSVLogger whose metrics.csv a resumed run continues from the rows before its
+    checkpoint (a new run has none)."""
+
+    def __init__(self, *args, resumed_from_step: Optional[int] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.resumed_from_step = resumed_from_step
 
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuedWriter(log_dir=self.log_dir)
+            self._experiment = _ContinuedWriter(self.log_dir, self.resumed_from_step)
         return self._experiment
 
 

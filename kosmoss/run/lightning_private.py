@@ -64,16 +64,24 @@ NAMES: Tuple[PrivateName, ...] = (
     PrivateName(f"{_PL}.loggers.csv_logs:CSVLogger", "_experiment", "override",
                 ("kosmoss.run.faults",), "the writer the experiment property builds once"),
     PrivateName("checkpoint", "loops/fit_loop/state_dict/combined_loader", "checkpoint key",
-                ("kosmoss.run.chunks",), "each train loader's state_dict() (batches done)"),
+                ("kosmoss.run.loops",), "each train loader's state_dict() (batches done)"),
     PrivateName("checkpoint", "loops/fit_loop/epoch_loop.batch_progress", "checkpoint key",
-                ("kosmoss.run.chunks",), "the epoch's batches, counted by the saving run"),
+                ("kosmoss.run.loops",), "the epoch's batches, counted by the saving run"),
     PrivateName("checkpoint", "loops/fit_loop/epoch_progress", "checkpoint key",
-                ("kosmoss.run.chunks",), "epochs started and completed"),
+                ("kosmoss.run.loops",), "epochs started and completed"),
     PrivateName("checkpoint",
                 "loops/fit_loop/epoch_loop.automatic_optimization.optim_progress",
-                "checkpoint key", ("kosmoss.run.chunks",), "steps made by automatic optimisation"),
+                "checkpoint key", ("kosmoss.run.loops",), "steps made by automatic optimisation"),
     PrivateName("checkpoint", "loops/fit_loop/epoch_loop.manual_optimization.optim_step_progress",
-                "checkpoint key", ("kosmoss.run.chunks",), "steps made by manual optimisation"),
+                "checkpoint key", ("kosmoss.run.loops",), "steps made by manual optimisation"),
+    PrivateName("checkpoint", "loops/fit_loop/epoch_loop.state_dict/_batches_that_stepped",
+                "checkpoint key", ("kosmoss.run.loops",), "the loggers' step axis at the save"),
+    PrivateName(f"{_PL}.loops.fit_loop:_FitLoop", "update_restart_stage", "behaviour",
+                ("kosmoss.run.loops",), "a checkpoint in the form of one saved at a training "
+                "batch's end resumes exactly; the other forms do not (kosmoss.run.loops)"),
+    PrivateName(f"{_PL}.loops.training_epoch_loop:_TrainingEpochLoop", "max_steps", "behaviour",
+                ("kosmoss.run.preemption",), "read after every step: set to the step made, the "
+                "fit ends there as at --max-steps; should_stop would validate and log a row"),
     PrivateName("torch.distributed", "_compute_bucket_assignment_by_size", "function",
                 ("kosmoss.scaling.projection", "kosmoss.exercises.lesson09"),
                 "DDP's own bucket split: the projection's all-reduces, lesson 9's checker"),
@@ -136,6 +144,13 @@ def drop_sigterm_broadcast(trainer) -> None:
         epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
+def end_fit_here(trainer) -> None:
+    """End the fit after the step just made, as ``--max-steps`` would: the epoch's end
+    (validation, checkpoints) only if this was its last batch. ``trainer.should_stop``
+    would validate now and log this step's metrics off the loggers' cadence."""
+    _epoch_loop(trainer).max_steps = trainer.global_step
+
+
 def on_last_batch(trainer) -> bool:
     """Whether the batch just trained is its epoch's last."""
     return _epoch_loop(trainer).batch_progress.is_last_batch
@@ -171,6 +186,7 @@ BATCH_PROGRESS = "epoch_loop.batch_progress"
 EPOCH_PROGRESS = "epoch_progress"
 AUTOMATIC_STEPS = "epoch_loop.automatic_optimization.optim_progress"
 MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
+LOGGED_STEPS = "epoch_loop.state_dict"
 
 
 def fit_loop_state(checkpoint: dict) -> Optional[dict]:
@@ -181,6 +197,15 @@ def fit_loop_state(checkpoint: dict) -> Optional[dict]:
 def loader_states(fit_loop: dict) -> List[dict]:
     """The train loaders' own ``state_dict()`` as the checkpoint holds them."""
     return fit_loop.get("state_dict", {}).get("combined_loader") or [{}]
+
+
+def set_saved_logged_steps(fit_loop: dict, steps: int) -> None:
+    """The loggers' step axis as the checkpoint restores it."""
+    fit_loop.setdefault(LOGGED_STEPS, {})["_batches_that_stepped"] = steps
+
+
+def saved_logged_steps(fit_loop: dict) -> int:
+    return fit_loop.get(LOGGED_STEPS, {}).get("_batches_that_stepped", 0)
 
 
 def step_progresses(fit_loop: dict) -> Tuple[dict, dict, dict]:

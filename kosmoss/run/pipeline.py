@@ -25,7 +25,7 @@ from ..launch import records
 from .allocator import pin_malloc_thresholds
 from .config import RunConfig
 from .plan import RunPlan, prepare
-from .report import report
+from .report import ResultNotWritten, report
 from .train import train
 
 __all__ = ["run", "prepare", "train", "report", "run_from_command_line"]
@@ -79,9 +79,20 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
                 outcome = train(plan)
             if outcome.stopped_by:
                 membership.stopped()
-            result = report(plan, outcome, echo=echo)
+            result, unwritten = _reported(plan, outcome, echo)
+        if unwritten is not None:
+            raise unwritten  # one line, once the run is recorded as trained
         _requeue(plan, outcome, echo)
         return result
+
+
+def _reported(plan: RunPlan, outcome, echo: Callable[[str], None]):
+    """(result, None), or (None, the error) when a result file could not be written: the
+    run is recorded as it ended all the same."""
+    try:
+        return report(plan, outcome, echo=echo), None
+    except ResultNotWritten as unwritten:
+        return None, unwritten
 
 
 def _requeue(plan: RunPlan, outcome, echo: Callable[[str], None]) -> None:

@@ -15,13 +15,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-import psutil
 
 from .. import launch
 from ..core import paths
 from ..core.errors import ConfigError
 from ..data import presets
-from ..data.loading import SPLITS, chosen_mode, split_indices
+from ..data.loading import SPLITS, chosen_mode, dataset_bytes, split_indices
 from ..data.store import PreparedDataset
 from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
@@ -32,13 +31,11 @@ from ..launch.records import RUN_ID_ENV
 from ..launch.topology import Launcher, Topology
 from ..scaling.arithmetic import ScalingPlan
 from ..scaling.arithmetic import plan as plan_scaling
-from . import resume
+from . import memory, resume
 from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
 from .preemption import CHECKPOINT as PREEMPTED
 
-# float32 weights, their gradients and Adam's two moments: 16 bytes per parameter and rank.
-BYTES_PER_PARAMETER = 4 * 4
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,7 @@ class RunPlan:
     warnings: Tuple[str, ...]
     notes: Tuple[str, ...] = ()  # what a resume took over or changed, said before training
     steps_per_execution: int = 1  # optimizer steps per step of Lightning's loop (run.chunks)
+    memory_need: Optional[memory.MemoryNeed] = None  # one rank's, as the check counted it
 
     @property
     def is_global_zero(self) -> bool:
@@ -117,19 +115,21 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset, config.seed)
     _check_fits(config.dataset, sizes, scaling)
-    _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host)
+    data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
+                            gpu_bytes=gpu_bytes_per_rank(policy, share))
+    need = _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host,
+                         scaling.per_device_batch_size, data_mode)
     if point is not None:
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
-    data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
-                            gpu_bytes=gpu_bytes_per_rank(policy, share))
     # Data on the device is gathered there, in this process: no worker would read it.
     num_workers = 0 if data_mode == "device" else (
         config.num_workers if config.num_workers is not None
         else default_num_workers(topology.ranks_on_host))
     steps = steps_per_execution(config.steps_per_execution, topology.world_size, engine,
-                                policy.accelerator, data_mode, num_workers)
+                                policy.accelerator, data_mode, num_workers,
+                                num_nodes=topology.num_nodes)
     if config.cuda_graphs:
         _check_graphs(policy, topology, engine, data_mode, num_workers)
         # A replay takes K full batches of one epoch: no more than an epoch holds.
@@ -140,7 +140,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         scaling=scaling, dataset=dataset, split_sizes=sizes, run_id=run_id, run_dir=run_dir,
         resume_from=resume_from, resumed_from_step=step,
         num_workers=num_workers,
-        data_mode=data_mode,
+        data_mode=data_mode, memory_need=need,
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings,
         notes=(point.notes if point is not None else ()) +
@@ -171,11 +171,6 @@ def _starts_the_attempt(topology: Topology) -> bool:
     return topology.global_rank == 0 and topology.launcher is not Launcher.SIMULATED_NODE
 
 
-def parameter_count(n_x: int, hidden: Tuple[int, ...], n_y: int) -> int:
-    sizes = [n_x, *hidden, n_y]
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-
-
 def gpu_bytes_per_rank(policy: DevicePolicy, share: Sharing) -> Optional[float]:
     """The GPU memory each rank on this host may use (its share of the GPU's total: the same
     figure on every rank, whatever the others hold yet); None on CPU."""
@@ -194,22 +189,19 @@ def gpu_total_bytes(index: int) -> int:
 
 
 def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: DevicePolicy,
-                  share: Sharing, ranks_on_host: int) -> None:
-    """A model that cannot fit is a one-line error, not an allocation failure: weights,
-    gradients and Adam's moments of every rank on this host against the memory there is."""
-    params = parameter_count(dataset.n_x, hidden, dataset.n_y)
-    need = params * BYTES_PER_PARAMETER
+                  share: Sharing, ranks_on_host: int, batch: int,
+                  data_mode: str) -> memory.MemoryNeed:
+    """A model that cannot fit is a one-line error, not an allocation failure (run.memory);
+    returns one rank's need."""
+    # The copy of the data is where the mode puts it: RAM (controlled) or the GPU (device).
+    held = data_mode == ("device" if policy.gpu else "controlled")
+    rank = memory.need(dataset.n_x, hidden, dataset.n_y, batch,
+                       data_bytes=dataset_bytes(dataset) if held else 0)
     if policy.gpu:
-        have = gpu_bytes_per_rank(policy, share)
-        where = f"GPU {policy.index or 0} has {have / 2**30:,.1f} GiB for each rank"
+        memory.check_gpu(rank, hidden, gpu_bytes_per_rank(policy, share), policy.index or 0)
     else:
-        have = psutil.virtual_memory().available / ranks_on_host
-        where = (f"this host has {have * ranks_on_host / 2**30:,.1f} GiB available for "
-                 f"{ranks_on_host} rank(s)")
-    if need > have:
-        raise ConfigError("hidden", f"{{field}} {' '.join(map(str, hidden))}: {params:,} "
-                          f"parameters need about {need / 2**30:,.1f} GiB per rank (weights, "
-                          f"gradients, Adam's two moments) and {where}: give smaller layers")
+        memory.check_host(rank, hidden, ranks_on_host)
+    return rank
 
 
 def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
@@ -243,16 +235,11 @@ def _run_id(topology: Topology, engine: Engine) -> str:
     spawned = os.environ.get("LOCAL_RANK") or topology.launcher is Launcher.SIMULATED_NODE
     if inherited and spawned and not topology.launcher.external:
         return inherited
-    if topology.launcher is Launcher.SLURM:  # the same across a requeue: resume finds it
-        job = os.environ.get("SLURM_ARRAY_JOB_ID")
-        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
-        return f"slurm-{job}"
-    if topology.launcher is Launcher.TORCHRUN:
-        elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-        if elastic and elastic != "none":
-            return f"torchrun-{elastic[:12]}"
-        agent = psutil.Process(os.getppid())  # without --rdzv-id the ranks share their agent
-        return f"torchrun-{agent.pid}-{agent.create_time():.0f}"
+    if topology.launcher in (Launcher.SLURM, Launcher.TORCHRUN):
+        # Slurm's: the same across a requeue (resume finds it). Without --rdzv-id torchrun's
+        # ranks share their agent, their parent.
+        agent = records.ProcessId.of(os.getppid())
+        return records.external_run_id(topology.launcher.value, agent)
     return engine.shared_run_id(new_run_id())
 
 

@@ -33,15 +33,19 @@ MAX_STEPS_BETWEEN_CHECKS = 1000
 
 
 class StopOnSignal(LeanCallback):
+    """Stops every rank at one step on SIGUSR1 or SIGTERM, with ``preempted.ckpt``: inside
+    an epoch, at once and with nothing a run never stopped would not do; on an epoch's last
+    batch, once the epoch has ended as in that run (its validation, its checkpoints)."""
+
     def __init__(self, checkpoint_dir: Path) -> None:
         self.checkpoint = Path(checkpoint_dir) / CHECKPOINT
         self.received: Optional[int] = None
         self.stopped_by: Optional[str] = None
         self.stopped_at_step: Optional[int] = None
+        self.stopped_mid_epoch = False
         self.checks = 0  # flag exchanges between the ranks (collectives) so far
         self._next_check_step = 0
         self._last_check: Optional[tuple] = None  # (global step, perf_counter) of the last one
-        self._stop_next_step: Optional[int] = None  # a signal agreed on an epoch's last batch
 
     def _note(self, signum, frame) -> None:
         self.received = signum
@@ -57,8 +61,7 @@ class StopOnSignal(LeanCallback):
         private.drop_sigterm_broadcast(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._stop_next_step:
-            self._stop(trainer, self._stop_next_step)
+        if self.stopped_by:
             return
         if trainer.world_size == 1:
             signum = self.received or 0
@@ -66,13 +69,19 @@ class StopOnSignal(LeanCallback):
             signum = self._agree(trainer, pl_module.device)
         else:
             return
-        if signum and private.on_last_batch(trainer):
-            # Lightning 2.6 resumes a checkpoint taken on an epoch's last batch one epoch
-            # late (its epoch counter, so the data order, moves on twice): stop one step on.
-            # Every rank has as many batches, so every rank waits alike.
-            self._stop_next_step = signum
-        elif signum:
-            self._stop(trainer, signum)
+        if not signum:
+            return
+        self.stopped_by = signal.Signals(signum).name
+        self.stopped_at_step = trainer.global_step
+        private.end_fit_here(trainer)
+        if private.on_last_batch(trainer):
+            return  # every rank has as many batches: all of them save in on_train_end
+        self.stopped_mid_epoch = True
+        trainer.save_checkpoint(self.checkpoint)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.stopped_by and not self.stopped_mid_epoch:
+            trainer.save_checkpoint(self.checkpoint)
 
     def _agree(self, trainer, device) -> int:
         """One all-reduce (max) of [signal, -steps until the next check]: the signal any rank
@@ -91,12 +100,6 @@ class StopOnSignal(LeanCallback):
             return 1  # no step time measured yet: check again after the next step
         step_s = (now - self._last_check[1]) / (step - self._last_check[0])
         return max(1, min(MAX_STEPS_BETWEEN_CHECKS, int(CHECK_EVERY_S / max(step_s, 1e-9))))
-
-    def _stop(self, trainer, signum: int) -> None:
-        self.stopped_by = signal.Signals(signum).name
-        self.stopped_at_step = trainer.global_step
-        trainer.save_checkpoint(self.checkpoint)
-        trainer.should_stop = True
 
     def requeue_if_asked(self) -> Optional[str]:
         """Under Slurm, SIGUSR1 means "time is nearly up": put the job back in the queue;

@@ -10,17 +10,26 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import __version__
+from ..core.errors import RunFailed
 from ..core.files import atomic_write_json
 from ..data.stats import Statistics
 from .plan import RunPlan
 from .train import Outcome
 
 
+class ResultNotWritten(RunFailed):
+    """The run trained, but its result could not be written everywhere it was asked for."""
+
+
 def report(plan: RunPlan, outcome: Outcome, *, echo: Callable[[str], None]) -> dict:
+    """result.json and the summary line (global zero); :class:`ResultNotWritten` once the
+    summary is out when a copy could not be written (the caller records the run first)."""
     result = result_of(plan, outcome)
     if outcome.is_global_zero:
-        write_results(result, plan.run_dir, plan.config.result_json)
+        failure = write_results(result, plan.run_dir, plan.config.result_json)
         echo(summary(result))
+        if failure:
+            raise ResultNotWritten(failure)
     return result
 
 
@@ -38,8 +47,11 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "train_samples_per_s": meter.samples_per_s,
         "time_to_first_step_s": meter.first_step_s,
         "first_step_unix": meter.first_step_unix,
-        "val_curve": earlier_val_curve(plan) + meter.val_curve,
+        "val_curve": (meter.val_curve if meter.restored_curve
+                      else earlier_val_curve(plan) + meter.val_curve),
         "peak_host_rss_mib": meter.peak_host_rss_mib,
+        # What the memory check counted for one rank (kosmoss.run.memory), beside the peaks.
+        "memory_estimate_mib": (plan.memory_need.total / 2**20 if plan.memory_need else None),
         "peak_gpu_mib": meter.peak_gpu_mib,
         "page_faults_per_step": meter.page_faults_per_step,
         "step_time_cv": meter.step_time_cv,  # std ÷ mean of each rank's timed steps
@@ -67,8 +79,9 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
 
 
 def earlier_val_curve(plan: RunPlan) -> list:
-    """A resumed run's curve starts with the points of the attempts before it (their
-    result.json, written when they stopped), up to the step it resumed from."""
+    """A resumed run's curve starts with the points of the attempts before it, up to the
+    step it resumed from: its checkpoint holds them (ThroughputMeter's state); one saved
+    before checkpoints held them has the stopped attempt's result.json."""
     if plan.resumed_from_step is None:
         return []
     try:
@@ -128,6 +141,20 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
-def write_results(result: dict, run_dir: Path, extra: Optional[Path]) -> None:
-    for target in [run_dir / "result.json"] + ([Path(extra)] if extra else []):
-        atomic_write_json(target, result)
+def write_results(result: dict, run_dir: Path, extra: Optional[Path]) -> Optional[str]:
+    """result.json in the run folder, and where --result-json says; what could not be
+    written, in words (None: both written). One failing does not stop the other."""
+    targets = [run_dir / "result.json"] + ([Path(extra)] if extra else [])
+    failed, written = [], []
+    for target in targets:
+        try:
+            atomic_write_json(target, result)
+            written.append(target)
+        except OSError as err:
+            failed.append(f"{target} could not be written ({err.strerror or err})")
+    if not failed:
+        return None
+    where = (f"the result is in {written[0]}" if written else
+             f"its metrics are in {run_dir / 'csv' / 'metrics.csv'} and its weights in "
+             f"{run_dir / 'checkpoints' / 'last.ckpt'}")
+    return f"run {result['run_id']} trained, but {'; '.join(failed)}: {where}"

@@ -32,8 +32,10 @@ FIXED = ("batch_size", "lr", "scale_lr", "base_batch_size", "warmup_steps", "dat
 # Settings a resume takes from the stopped run unless a flag says otherwise (then printed).
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
 # between DDP and Horovod, or to more ranks, and trains on the same way.
+# K too: several steps per loop step train bit for bit as one (kosmoss.run.chunks).
 CARRIED = ("max_epochs", "max_steps", "mode", "num_workers", "collective_timeout_s", "gpu_ids",
-           "num_processes", "num_nodes", "strategy")
+           "num_processes", "num_nodes", "strategy", "steps_per_execution", "progress",
+           "result_json", "require_gpu")
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ def _given(config: RunConfig) -> FrozenSet[str]:
 def _as_field(name: str, value):
     if name in ("hidden", "gpu_ids") and value is not None:
         return tuple(value)  # JSON has lists where the configuration has tuples
+    if name == "result_json" and value is not None:
+        return Path(value)
     return value
 
 
@@ -151,19 +155,28 @@ def _check_asked_further(resume: str, stored: dict, merged: RunConfig) -> None:
 
 def readable_checkpoint(run_dir: Path, named: Optional[Path], resume: str) -> Tuple[Path, dict]:
     """The checkpoint to resume from and its content: the one named, else the furthest of
-    ``preempted.ckpt`` (saved at the stop, mid-epoch) and ``last.ckpt`` (saved after each
-    validation, also the one after a stop): on a tie the preempted one, whose loop state is
-    the step's. One that cannot be read is a one-line error naming one that can."""
-    candidates = [named] if named else _resumable(run_dir)
+    the run's checkpoints of any kind (``preempted.ckpt`` saved at a stop, ``last.ckpt``,
+    the best ones: a write that failed on a full disk leaves the others); on a tie the
+    preempted one, then last.ckpt. One that cannot be read is a one-line error naming one
+    that can (its step cannot be known: it may be the furthest)."""
+    candidates = [named] if named else _all_checkpoints(run_dir)
     if not candidates:
-        raise ConfigError("resume", f"{{field}} {resume}: no checkpoints/{PREEMPTED} or "
-                          f"last.ckpt in {run_dir}; nothing to resume")
+        raise ConfigError("resume", f"{{field}} {resume}: no checkpoint (*.ckpt) in "
+                          f"{run_dir / 'checkpoints'}; nothing to resume: start the run again")
     loaded = []
     for path in candidates:
         try:
             loaded.append((path, load(path)))
+        except FileNotFoundError:
+            if path == named:
+                raise ConfigError("resume", f"{{field}} {resume}: no such checkpoint file "
+                                  "(it was removed)") from None
+            continue  # a live run's ModelCheckpoint replaced it since the listing
         except Exception as err:  # torch raises many kinds for a truncated or damaged file
             raise _unreadable(resume, run_dir, path, err) from None
+    if not loaded:
+        raise ConfigError("resume", f"{{field}} {resume}: its checkpoints changed while they "
+                          "were read (is the run still running?); try again")
     return max(loaded, key=lambda item: int(item[1]["global_step"]))  # max keeps the first
 
 
@@ -206,8 +219,10 @@ def _resumable(run_dir: Path) -> List[Path]:
 
 
 def _all_checkpoints(run_dir: Path) -> List[Path]:
-    """Every checkpoint of the run: the resumable ones, then the best, newest first."""
+    """Every checkpoint of the run: the resumable ones, then the best, newest first
+    (a write's temporary file, ``.NAME.tmp-PID``, is none)."""
     folder = run_dir / "checkpoints"
-    best = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    best = sorted((p for p in folder.glob("*.ckpt") if p.is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
     resumable = _resumable(run_dir)
     return resumable + [p for p in best if p not in resumable]

@@ -16,22 +16,23 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..core.errors import RunFailed
 from ..data.loading import SPLITS
-from ..diagnose.hang import (StartupCheck, flight_recorder_env, is_collective_timeout,
-                             timeout_line, write_stacks)
+from ..diagnose.hang import (StartupCheck, dump_stacks, flight_recorder_env,
+                             is_collective_timeout, timeout_line, who_hangs)
 from ..diagnose.heartbeat import Heartbeat
 from ..launch.topology import Launcher, cluster_environment
 from . import lightning_private as private
-from .callbacks import CheckpointToTheEnd, GpuShare, PrecisionProbe, ReplicaCheck, ThroughputMeter
-from .chunks import ChunkCounts, StepsInChunks
+from .callbacks import (BatchesProgressBar, CheckpointToTheEnd, ExactAllReduce, GpuShare,
+                        LogsWithCheckpoints, PrecisionProbe, ReplicaCheck, ThroughputMeter)
+from .chunks import StepsInChunks
 from .datamodule import RunDataModule
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .graphs import GraphsOnTheDevice
 from .lean import LeanLitMLP, NoProfiler
+from .loops import ExactResume
 from .plan import RunPlan
 from .preemption import StopOnSignal
 from .quiet import quiet_lightning
@@ -90,7 +91,8 @@ def train(plan: RunPlan) -> Outcome:
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
     callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
-                 Heartbeat(plan.run_dir), GpuShare(plan.share), ChunkCounts(steps)]
+                 Heartbeat(plan.run_dir), GpuShare(plan.share), ExactResume(steps),
+                 LogsWithCheckpoints(), ExactAllReduce()]
     if config.cuda_graphs:
         callbacks.append(GraphsOnTheDevice(plan.scaling.per_device_batch_size, steps))
     if plan.engine.uses_process_group and plan.scaling.world_size > 1:
@@ -100,6 +102,8 @@ def train(plan: RunPlan) -> Outcome:
     with quiet_lightning(), _stacks_on_timeout(plan):
         trainer = build_trainer(plan, callbacks)
         trainer.fit(model, datamodule=datamodule, ckpt_path=plan.resume_from)
+        if meter.trained_from_step is None:
+            _finish_skipped_fit(trainer, model, meter, replicas)
         scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule, meter)
     outcome = Outcome(
         is_global_zero=trainer.is_global_zero, global_step=trainer.global_step,
@@ -130,6 +134,15 @@ def _graph_figures(config, model) -> Dict[str, object]:
                          ] if failed else []}
 
 
+def _finish_skipped_fit(trainer: pl.Trainer, model, meter: ThroughputMeter,
+                        replicas: ReplicaCheck) -> None:
+    """A resume from the end of training: Lightning skips the fit and its hooks (no
+    on_train_start or on_train_end). What they record is recorded all the same."""
+    meter.trained_from_step = trainer.global_step
+    replicas.on_train_end(trainer, model)
+    trainer.checkpoint_callback.finish(trainer)
+
+
 @contextlib.contextmanager
 def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
     """A collective that times out (a hung or missing rank): write every rank's stack into
@@ -139,8 +152,8 @@ def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
     except Exception as err:
         if not is_collective_timeout(err):
             raise
-        stacks = write_stacks(plan.run_dir)
-        what = timeout_line(err, plan.collective_timeout.total_seconds())
+        stacks, dump = dump_stacks(plan.run_dir)
+        what = timeout_line(err, plan.collective_timeout.total_seconds(), who_hangs(dump))
         raise RunFailed(f"{what}; stacks of every process of the run in {stacks}") from err
 
 
@@ -150,11 +163,13 @@ LOG_EVERY_N_STEPS = 50  # Lightning's default; fewer when an epoch is shorter
 def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     config, topology, scaling = plan.config, plan.topology, plan.scaling
     steps_per_epoch = max(1, plan.split_sizes["train"] // scaling.global_batch_size)
+    stopper = next((c for c in callbacks if isinstance(c, StopOnSignal)), None)
     callbacks = callbacks + [
-        CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True),
+        CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True,
+                           interrupted=lambda: bool(stopper and stopper.stopped_mid_epoch)),
     ]
     if config.progress:
-        callbacks.append(RichProgressBar())
+        callbacks.append(BatchesProgressBar())
     # Who is who under torchrun and srun: Lightning's ClusterEnvironments (Horovod's strategy
     # brings its own).
     external = topology.launcher.external and topology.launcher is not Launcher.HOROVODRUN
@@ -184,7 +199,8 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
 def run_loggers(plan: RunPlan) -> list:
     """Where a run's metrics go: TensorBoard, and a CSV that a resumed run continues."""
     return [TensorBoardLogger(plan.run_dir, name="tensorboard", version=""),
-            ContinuedCSVLogger(plan.run_dir, name="csv", version="")]
+            ContinuedCSVLogger(plan.run_dir, name="csv", version="",
+                               resumed_from_step=plan.resumed_from_step)]
 
 
 def _evaluate(trainer: pl.Trainer, model: LeanLitMLP, datamodule, meter: ThroughputMeter) -> dict:

@@ -100,3 +100,42 @@ def test_the_startup_check_does_nothing_without_a_process_group():
     check = hang.StartupCheck(timeout_s=1)
     check.setup(trainer=None, pl_module=None, stage="fit")
     assert check.passed_in_s is None
+
+
+def _rank(rank: int, frames, state="sleeping"):
+    from kosmoss.diagnose.runs import RunProcess
+    from kosmoss.diagnose.stacks import Frame, ProcessStacks, Thread
+
+    pid = 1000 + rank
+    process = RunProcess(pid, 0.0, "rank", rank, f"rank {rank}")
+    stack = [Frame(name, path, line) for name, path, line in frames]
+    return ProcessStacks(process, [Thread("MainThread", pid, stack)], state=state)
+
+
+ALL_REDUCE = [("all_reduce", "site-packages/torch/distributed/distributed_c10d.py", 2800),
+              ("training_step", "kosmoss/model.py", 97)]
+BROADCAST = [("broadcast", "site-packages/torch/distributed/distributed_c10d.py", 2700),
+             ("on_train_batch_end", "kosmoss/run/preemption.py", 70)]
+SLEEPS = [("training_step", "kosmoss/model.py", 96), ("fit", "pytorch_lightning/trainer.py", 1)]
+
+
+def _who(*ranks):
+    from kosmoss.diagnose.stacks import RunStacks, group
+
+    return hang.who_hangs(RunStacks(None, list(ranks), group(list(ranks)), False, "py-spy"))
+
+
+def test_the_rank_the_others_wait_for_is_named_in_the_timeout_line():
+    stopped = _who(_rank(0, ALL_REDUCE), _rank(1, SLEEPS, state="stopped"))
+    assert stopped.startswith("rank 1 (pid 1001) is stopped (state T") and \
+        "`kill -CONT 1001`" in stopped
+    straggler = _who(_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE), _rank(2, SLEEPS))
+    assert straggler.startswith("rank 2 (pid 1002) is not in a collective: ") and \
+        "training_step" in straggler
+    deadlock = _who(_rank(0, ALL_REDUCE), _rank(1, BROADCAST))
+    assert deadlock.startswith("the ranks wait in different collectives (a deadlock): ")
+    assert "rank 0 (pid 1000) in all_reduce" in deadlock and "rank 1 (pid 1001) in broadcast" \
+        in deadlock
+    assert _who(_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE)) is None  # the rank is elsewhere
+    line = hang.timeout_line(RuntimeError(GLOO_RECV), 30, stopped)
+    assert line == f"a collective waited longer than 30 s (--collective-timeout): {stopped}"

@@ -372,4 +372,13 @@ def pick_interface(interfaces, master_addr):
                   if target in ipaddress.ip_interface(a).network]
     return max(candidates)[1] if candidates else None
 '''],
+    "08b.sample_limit": ['''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    widths = [n_x] + list(hidden) + [n_y]
+    macs = [a * b for a, b in zip(widths, widths[1:])]
+    flop = 2 * sum(macs) + 2 * sum(macs) + 2 * sum(macs[1:])  # forward, weights, inputs
+    rates = {"memory": bandwidth / (4.0 * (n_x + n_y)), "compute": peak_flops / flop}
+    bound = min(rates, key=rates.get)
+    return rates[bound], bound
+'''],
 }

@@ -122,6 +122,12 @@ MUTANTS = [
      "MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3),\n"
      "          ((300, 100, 100, 100, 552), 1))",
      "MODELS = (((300, 100, 100, 100, 552), 1), ((40, 64, 16), 1), ((10, 4), 1))"),
+    ("08b.sample_limit", "no compute-bound case",
+     "               (1024, [8192, 8192], 1024, 3.35e12, 989e12),\n", ""),
+    ("08b.sample_limit", "a 10 % tolerance",
+     "EXACT = 1e-12", "EXACT = 0.1"),
+    ("08b.sample_limit", "the bound not checked",
+     "        if bound != right_bound:", "        if False:"),
     ("08.bandwidths", "two ranks only",
      "BANDWIDTH_CASES = ((1e9, 0.5, 8), (4e8, 0.1, 2), (2.5e7, 3e-3, 3), (2.5e7, 3e-3, 4),\n"
      "                   (3e9, 0.25, 16), (1e6, 1e-3, 1))",

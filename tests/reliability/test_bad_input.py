@@ -63,3 +63,28 @@ def test_a_read_only_kosmoss_home_is_one_line(shared_home, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert f"KOSMOSS_HOME {home}: {home} cannot be written" in lines[0]
     assert "set KOSMOSS_HOME to a folder you can write" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["", "http", "70000"])
+def test_a_master_port_that_is_no_port_is_one_line(shared_home, value):
+    proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--num-processes", "2", "--max-steps", "2"], shared_home, timeout=120,
+                      env_extra={"MASTER_PORT": value})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"MASTER_PORT {value!r} is not a TCP port: unset it" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, expected", [
+    (["--num-processes", "3"], "--num-processes 3 contradicts torchrun's --nproc_per_node 2"),
+    (["--max-epochs", "0"], "--max-epochs 0: must be >= 1"),
+])
+def test_a_bad_flag_under_torchrun_is_said_once(shared_home, tmp_path, flags, expected):
+    """Every rank finds it; local rank 0 says it. (torchrun's agent then prints its own
+    ChildFailedError traceback: torch/distributed/run.py, not kosmoss's to silence.)"""
+    proc = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                       "trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--no-progress", *flags], tmp_path / "home", timeout=300)
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("trainup_cpu.py:")]
+    assert proc.returncode != 0 and len(ours) == 1 and expected in ours[0], proc.stderr[-3000:]

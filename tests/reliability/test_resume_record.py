@@ -70,8 +70,13 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
             result["config"]["batch_size"]) == (60, 1, [16], 64)  # from the record
     steps = [point["step"] for point in result["val_curve"]]
     assert steps[0] <= stop < steps[1] and steps == sorted(steps) and steps[-1] == 60
+    # The rows logged before the checkpoint stay; those after it are logged again, once.
     metrics = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
-    assert metrics[:len(metrics_before)] == metrics_before and len(metrics) > len(metrics_before)
+    kept = [row for row in metrics_before[1:] if int(row.split(",")[1]) < stop]
+    assert metrics[1:len(kept) + 1] == kept and len(metrics) > len(metrics_before)
+    rows = [tuple(row.split(",")[1:]) for row in metrics[1:]]
+    steps = [int(r[0]) for r in rows]
+    assert len(set(rows)) == len(rows) and steps == sorted(steps)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "finished" and record["attempts"][-1]["state"] == "finished"
 
@@ -119,3 +124,57 @@ def test_resuming_a_run_that_still_runs_is_one_line_and_touches_nothing(shared_h
         assert launcher.poll() is None  # the run trains on
     finally:
         end_all(home, launcher)
+
+
+def test_a_bare_resume_keeps_every_recorded_flag_and_run_json_its_config(shared_home, tmp_path,
+                                                                          monkeypatch):
+    """--steps-per-execution 1, --no-progress, --result-json, --max-steps... come back."""
+    import signal
+
+    from stops import SignalAt, run_in_process
+
+    home, out = tmp_path / "home", tmp_path / "result.json"
+    flags = dict(dataset=str(shared_home / "data" / "tiny"), batch_size=64, hidden=(16,),
+                 max_steps=40, steps_per_execution=1, result_json=out, num_workers=0)
+    stopped = run_in_process(home, monkeypatch, stop=SignalAt(10, signal.SIGTERM), **flags)
+    run_dir = Path(stopped["run_dir"])
+    recorded = json.loads((run_dir / "run.json").read_text())["config"]
+    resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"])
+    assert (resumed["steps_per_execution"], resumed["global_step"]) == (1, 40)
+    assert json.loads(out.read_text())["run_id"] == stopped["run_id"]  # --result-json kept
+    config = json.loads((run_dir / "run.json").read_text())["config"]
+    assert config is not None
+    assert {k: v for k, v in config.items() if k != "resume"} == \
+        {k: v for k, v in recorded.items() if k != "resume"}
+
+
+def test_a_failed_checkpoint_write_advises_a_resume_that_works(shared_home, tmp_path,
+                                                                monkeypatch):
+    """last.ckpt fails on a full disk after epoch=0-step=26.ckpt was written: the one line
+    advises --resume RUN, and that resumes from the newest checkpoint of any kind."""
+    import errno
+
+    from stops import run_in_process
+
+    from kosmoss.core.errors import RunFailed
+    from kosmoss.run import faults
+
+    write = faults._save_to
+
+    def full_for_last(checkpoint, handle):  # the disk fills up as last.ckpt is written
+        if Path(handle.name).name.startswith(".last.ckpt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(checkpoint, handle)
+
+    home = tmp_path / "home"
+    monkeypatch.setattr(faults, "_save_to", full_for_last)
+    with pytest.raises(RunFailed) as failed:
+        run_in_process(home, monkeypatch, dataset=str(shared_home / "data" / "tiny"),
+                       batch_size=64, hidden=(16,), max_steps=40)
+    monkeypatch.setattr(faults, "_save_to", write)
+    (run_dir,) = (home / "runs").iterdir()
+    assert "could not be written (No space left on device)" in str(failed.value)
+    assert f"then resume with --resume {run_dir.name}" in str(failed.value)
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch=0-step=26.ckpt"]
+    resumed = run_in_process(home, monkeypatch, resume=run_dir.name)
+    assert (resumed["resumed_from_step"], resumed["global_step"]) == (26, 40)

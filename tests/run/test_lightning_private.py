@@ -119,6 +119,37 @@ def test_the_checkpoint_holds_the_loop_state_kosmoss_rewrites(fitted):
     automatic, _, manual = private.step_progresses(loops)
     assert automatic["total"]["completed"] == fitted["trainer"].global_step
     assert manual["total"]["completed"] == 0
+    logged = _entry("loops/fit_loop/epoch_loop.state_dict/_batches_that_stepped")
+    assert private.saved_logged_steps(loops) == fitted["trainer"].global_step, _label(logged)
+
+
+def test_a_fit_ends_after_the_step_that_sets_max_steps_without_validating(random_dataset,
+                                                                         tmp_path):
+    """end_fit_here inside an epoch: no validation, no row off the loggers' cadence, and the
+    fit's step is the one made (StopOnSignal relies on it)."""
+
+    class EndAt(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 5:
+                private.end_fit_here(trainer)
+
+    validations = []
+
+    class CountValidations(pl.Callback):
+        def on_validation_start(self, trainer, pl_module):
+            validations.append(trainer.global_step)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, num_sanity_val_steps=0,
+                         callbacks=[EndAt(), CountValidations()], log_every_n_steps=4,
+                         logger=pl.loggers.CSVLogger(tmp_path, name="csv", version=""),
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False)
+    model = LitMLP(random_dataset.n_x, (4,), random_dataset.n_y)
+    trainer.fit(model, datamodule=RunDataModule(random_dataset, batch_size=64, seed=1))
+    entry = _entry("max_steps")
+    assert (trainer.global_step, validations) == (5, []), _label(entry)
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(row.split(",")[1]) for row in rows] == [3], _label(entry)  # (3 + 1) % 4 == 0
 
 
 def test_a_none_hook_is_skipped_by_lightnings_dispatcher(random_dataset):

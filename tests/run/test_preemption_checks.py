@@ -13,9 +13,15 @@ from kosmoss.run import preemption
 from kosmoss.run.preemption import StopOnSignal
 
 
-# What StopOnSignal reads of Lightning's loop: no step is an epoch's last.
-ENDLESS_EPOCH = SimpleNamespace(epoch_loop=SimpleNamespace(
-    batch_progress=SimpleNamespace(is_last_batch=False)))
+def endless_epoch() -> SimpleNamespace:
+    """What StopOnSignal reads and writes of Lightning's loop: no step is an epoch's last;
+    a stop sets the loop's max_steps to the step made (kosmoss.run.lightning_private)."""
+    return SimpleNamespace(epoch_loop=SimpleNamespace(
+        batch_progress=SimpleNamespace(is_last_batch=False), max_steps=-1))
+
+
+def stopped(trainer) -> bool:
+    return trainer.fit_loop.epoch_loop.max_steps == trainer.global_step
 
 
 class World:
@@ -38,8 +44,8 @@ class World:
 
 
 def fake_trainer(world: World, rank: int, size: int) -> SimpleNamespace:
-    trainer = SimpleNamespace(world_size=size, global_step=0, should_stop=False, saved=[],
-                              fit_loop=ENDLESS_EPOCH)
+    trainer = SimpleNamespace(world_size=size, global_step=0, saved=[],
+                              fit_loop=endless_epoch())
     trainer.strategy = SimpleNamespace(
         reduce=lambda tensor, reduce_op: world.reduce(rank, tensor))
     trainer.save_checkpoint = lambda path: trainer.saved.append((path, trainer.global_step))
@@ -55,7 +61,7 @@ def run_rank(world, rank, size, callback, step_s, steps, signal_at=None):
         if step == signal_at:
             callback._note(signal.SIGTERM, None)
         callback.on_train_batch_end(trainer, module, None, None, step - 1)
-        if trainer.should_stop:
+        if stopped(trainer):
             break
     return trainer
 
@@ -84,14 +90,14 @@ def test_ranks_agree_about_once_a_second_not_every_step(monkeypatch):
     callbacks, trainers = run_world(monkeypatch, [0.005, 0.020], steps=3000)
     assert callbacks[0].checks == callbacks[1].checks
     assert 55 <= callbacks[0].checks <= 80
-    assert not any(t.should_stop for t in trainers)
+    assert not any(stopped(t) for t in trainers)
 
 
 def test_a_signal_on_one_rank_stops_both_at_the_same_step_within_a_second(monkeypatch):
     callbacks, trainers = run_world(monkeypatch, [0.010, 0.010], steps=3000, signal_at=1234)
-    stopped = [t.saved[0][1] for t in trainers]
-    assert stopped[0] == stopped[1] and 1234 <= stopped[0] <= 1234 + 100  # 100 steps = 1 s
-    assert all(t.should_stop for t in trainers)
+    saved_at = [t.saved[0][1] for t in trainers]
+    assert saved_at[0] == saved_at[1] and 1234 <= saved_at[0] <= 1234 + 100  # 100 steps = 1 s
+    assert all(stopped(t) for t in trainers)
     assert [c.stopped_by for c in callbacks] == ["SIGTERM", "SIGTERM"]
 
 
@@ -100,16 +106,16 @@ def test_one_process_checks_its_own_flag_every_step_without_a_collective(monkeyp
         raise AssertionError("a single process needs no all-reduce")
 
     callback = StopOnSignal("/ckpt")
-    trainer = SimpleNamespace(world_size=1, global_step=7, should_stop=False,
+    trainer = SimpleNamespace(world_size=1, global_step=7,
                               strategy=SimpleNamespace(reduce=no_collective), saved=[],
-                              fit_loop=ENDLESS_EPOCH)
+                              fit_loop=endless_epoch())
     trainer.save_checkpoint = lambda path: trainer.saved.append(path)
     module = SimpleNamespace(device=torch.device("cpu"))
     callback.on_train_batch_end(trainer, module, None, None, 6)
-    assert not trainer.should_stop
+    assert not stopped(trainer)
     callback._note(signal.SIGUSR1, None)
     callback.on_train_batch_end(trainer, module, None, None, 7)
-    assert trainer.should_stop and callback.stopped_at_step == 7
+    assert stopped(trainer) and callback.stopped_at_step == 7 and trainer.saved
     assert callback.stopped_by == "SIGUSR1" and callback.checks == 0
 
 

@@ -1,0 +1,52 @@
+"""Small messages that must say the right thing: the K error names the nodes when they are
+the reason; --resume names a checkpoint file as a file; kosmoss project says a grid that
+only loses loses, instead of "samples/s still rise"."""
+import pytest
+
+from kosmoss.commands.project import summary_lines
+from kosmoss.core.errors import ConfigError
+from kosmoss.engines import get as get_engine
+from kosmoss.run.chunks import steps_per_execution
+from kosmoss.run.config import run_folder
+
+
+def test_the_k_error_names_nodes_when_nodes_are_the_reason():
+    with pytest.raises(ConfigError) as nodes:
+        steps_per_execution(8, 2, get_engine("ddp"), "cpu", "32-true", 0, num_nodes=2)
+    assert "this run has 2 nodes (2 processes):" in str(nodes.value)
+    with pytest.raises(ConfigError) as ranks:
+        steps_per_execution(8, 3, get_engine("ddp"), "cpu", "32-true", 0)
+    assert "this run has 3 processes:" in str(ranks.value) and "node" not in str(ranks.value)
+
+
+def test_the_resume_error_names_a_checkpoint_file_as_a_file(tmp_path):
+    loose = tmp_path / "model.ckpt"
+    loose.write_bytes(b"x")
+    other = tmp_path / "weights.pt"
+    other.write_bytes(b"x")
+    cases = [(loose, "the checkpoint file is not in a run's checkpoints/ folder"),
+             (tmp_path / "gone.ckpt", "no such checkpoint file"),
+             (other, "a file, not a checkpoint (*.ckpt)")]
+    for path, expected in cases:
+        with pytest.raises(ConfigError) as refused:
+            run_folder(str(path))
+        assert f"resume {path}: {expected}" in str(refused.value)
+    run = tmp_path / "runs" / "20260101-000000-abcdef" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "last.ckpt").write_bytes(b"x")
+    assert run_folder(str(run / "last.ckpt")) == (run.parent, run / "last.ckpt")
+
+
+def _result(speedups):
+    rows = [{"speedup": s, "devices_per_node": 2, "nodes": n, "dominant": None,
+             "sensitivity": {}} for n, s in enumerate(speedups, 1)]
+    return {"rows": rows, "verdict": {"peak": f"2 x {len(speedups)}",
+                                      "peak_samples_per_s": 100.0, "peak_is_largest": True,
+                                      "break_even": None}}
+
+
+def test_project_does_not_say_samples_still_rise_when_no_world_beats_one_device():
+    losing = summary_lines(_result([0.5, 0.7]))[0]
+    assert "still rise" not in losing and "no world of this grid beats one device (best " \
+        "speedup 0.70)" in losing
+    assert "samples/s still rise" in summary_lines(_result([1.4, 2.1]))[0]

@@ -1,0 +1,165 @@
+"""A run stopped anywhere and resumed ends as the run never stopped: the same final weights
+(torch.equal), the same metrics.csv rows (no duplicate, no gap), the same validation
+curve. Stops derived from the epoch's length: inside an epoch, on an epoch's last batch,
+during a validation, inside a chunk of K steps, on the step that reaches --max-steps; one
+step a batch (K = 1) and eight (K = 8); SIGTERM and SIGUSR1 (in this process: a second a
+run), SIGKILL (trainup_cpu.py, resumed from the newest checkpoint on disk)."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stops import Finished, SignalAt, batches_per_epoch, compare, run_in_process, run_script
+
+BATCH, HIDDEN = 64, (16,)
+TERM, USR1, KILL = signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def tiny(shared_home):
+    return shared_home / "data" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def epoch(tiny):
+    return batches_per_epoch(tiny, BATCH)  # 26 for the tiny preset at batch 64
+
+
+def _max_steps(epoch: int) -> int:
+    return 5 * epoch + 10  # ends inside an epoch: the final validation comes after the fit
+
+
+def _flags(tiny, epoch, k):
+    return dict(dataset=str(tiny), batch_size=BATCH, hidden=HIDDEN, max_epochs=100,
+                max_steps=_max_steps(epoch), steps_per_execution=k)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny, epoch):
+    """The runs never stopped, K = 1 and K = 8 (run once for the module)."""
+    runs = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for k in (1, 8):
+            home = tmp_path_factory.mktemp(f"straight-k{k}")
+            result = run_in_process(home, monkeypatch, **_flags(tiny, epoch, k))
+            runs[k] = Finished.of(result["run_dir"])
+    return runs
+
+
+def expected_stop(step: int, epoch: int, k: int, max_steps: int) -> int:
+    """Where a signal that arrives while ``step`` trains stops the run: at the end of the
+    step of Lightning's loop that holds it (K batches, cut from the epoch's start)."""
+    start = step - step % epoch
+    chunk_end = start + min(epoch, (step % epoch // k + 1) * k)
+    return min(chunk_end, max_steps)
+
+
+def _stop_and_resume(home, monkeypatch, flags, stop: SignalAt, expected: int) -> Finished:
+    stopped = run_in_process(home, monkeypatch, stop=stop, **flags)
+    assert (stopped["stopped_by"], stopped["global_step"]) == \
+        (signal.Signals(stop.sig).name, expected), stopped
+    resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"])
+    assert resumed["resumed_from_step"] == resumed["trained_from_step"] == expected, resumed
+    return Finished.of(resumed["run_dir"])
+
+
+# (name, K, the step the signal arrives in (in epochs: a, b -> a * epoch + b), where, signal)
+STOPS = [
+    ("mid-epoch", 1, (1, 13), "train", TERM),
+    ("epoch end", 1, (2, -1), "train", USR1),
+    ("validation", 1, (3, 0), "val", TERM),
+    ("max steps", 1, (5, 9), "train", USR1),
+    ("inside a chunk", 8, (1, 3), "train", USR1),
+    ("epoch end", 8, (2, -1), "train", TERM),
+    ("validation", 8, (3, 0), "val", USR1),
+    ("max steps", 8, (5, 9), "train", TERM),
+]
+
+
+@pytest.mark.parametrize("name,k,at,where,sig", STOPS,
+                         ids=[f"{s[0]}-k{s[1]}-{signal.Signals(s[4]).name}" for s in STOPS])
+def test_a_stop_resumes_exactly(name, k, at, where, sig, tmp_path, monkeypatch, tiny, epoch,
+                                straight):
+    flags = _flags(tiny, epoch, k)
+    step = at[0] * epoch + at[1]
+    expected = expected_stop(step, epoch, k, flags["max_steps"])
+    resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig, where),
+                               expected)
+    assert compare(resumed, straight[k]) is None, compare(resumed, straight[k])
+
+
+def test_two_stops_in_a_row_resume_exactly(tmp_path, monkeypatch, tiny, epoch, straight):
+    """Stopped inside an epoch, resumed, stopped again on an epoch's last batch, resumed."""
+    home, flags = tmp_path / "home", _flags(tiny, epoch, 8)
+    first = run_in_process(home, monkeypatch, stop=SignalAt(epoch + 3, TERM), **flags)
+    again = run_in_process(home, monkeypatch, stop=SignalAt(3 * epoch - 1, USR1),
+                           resume=first["run_id"])
+    assert (again["resumed_from_step"], again["global_step"]) == (epoch + 8, 3 * epoch)
+    last = run_in_process(home, monkeypatch, resume=first["run_id"])
+    assert compare(Finished.of(last["run_dir"]), straight[8]) is None
+
+
+def test_k_changes_nothing_a_run_records(straight):
+    assert compare(straight[8], straight[1]) is None
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.integers(0, 5 * 26 + 9), k=st.sampled_from([1, 3, 8]),
+       sig=st.sampled_from([TERM, USR1]))
+def test_a_stop_at_any_step_with_any_k_resumes_exactly(step, k, sig, tmp_path_factory,
+                                                       monkeypatch, tiny, epoch, straight):
+    flags = _flags(tiny, epoch, k)
+    step = min(step, flags["max_steps"] - 1)  # the strategy assumes 26 batches an epoch
+    expected = expected_stop(step, epoch, k, flags["max_steps"])
+    home = tmp_path_factory.mktemp("any-step")
+    resumed = _stop_and_resume(home, monkeypatch, flags, SignalAt(step, sig), expected)
+    assert compare(resumed, straight[1]) is None, compare(resumed, straight[1])
+
+
+# SIGKILL: the process ends where it is; --resume takes the newest checkpoint on disk.
+KILLS = [
+    ("during a validation", 1, (3, 0), "val", (2, 0)),
+    ("inside a chunk", 8, (4, 3), "train", (4, 0)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,k,at,where,checkpoint", KILLS,
+                         ids=[f"{s[0]}-k{s[1]}" for s in KILLS])
+def test_sigkill_resumes_exactly_from_the_newest_checkpoint(name, k, at, where, checkpoint,
+                                                            tmp_path, tiny, epoch, straight):
+    home, flags = tmp_path / "home", _flags(tiny, epoch, k)
+    args = ["--dataset", str(tiny), "--batch-size", str(BATCH), "--hidden", *map(str, HIDDEN),
+            "--max-epochs", "100", "--max-steps", str(flags["max_steps"]),
+            "--steps-per-execution", str(k)]
+    killed = run_script(home, args, SignalAt(at[0] * epoch + at[1], KILL, where))
+    assert killed.returncode == -KILL, killed.stderr[-3000:]
+    (run_dir,) = (home / "runs").iterdir()
+    resumed = run_script(home, ["--resume", run_dir.name])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finished = Finished.of(run_dir)
+    assert finished.result["resumed_from_step"] == checkpoint[0] * epoch + checkpoint[1]
+    assert compare(finished, straight[k]) is None, compare(finished, straight[k])
+
+
+@pytest.mark.slow
+def test_a_killed_extension_of_a_finished_run_resumes_exactly(tmp_path, tiny, epoch, straight):
+    """Finished at 2 epochs + 5 steps, trained further to the straight run's --max-steps,
+    killed inside a chunk, resumed bare (its record has the new limit): no row twice."""
+    home, max_steps = tmp_path / "home", _max_steps(epoch)
+    args = ["--dataset", str(tiny), "--batch-size", str(BATCH), "--hidden", *map(str, HIDDEN),
+            "--max-epochs", "100", "--steps-per-execution", "8"]
+    first = run_script(home, args + ["--max-steps", str(2 * epoch + 5)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run_dir,) = (home / "runs").iterdir()
+    killed = run_script(home, ["--resume", run_dir.name, "--max-steps", str(max_steps)],
+                        SignalAt(4 * epoch + 3, KILL))
+    assert killed.returncode == -KILL, killed.stderr[-3000:]
+    resumed = run_script(home, ["--resume", run_dir.name])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finished = Finished.of(run_dir)
+    assert finished.result["resumed_from_step"] == 4 * epoch
+    assert compare(finished, straight[8]) is None, compare(finished, straight[8])
