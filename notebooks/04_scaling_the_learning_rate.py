@@ -28,7 +28,7 @@
 #   size (McCandlish et al., 2018), measured during this lesson's own runs from the
 #   gradient norms of the micro-batches and of their average, and set against the table.
 #
-# Time: ~25 min; the cells run in ~10 min on 2 CPU cores
+# Time: ~30 min; the cells run in ~10 min on 2 CPU cores
 
 # %%
 import math
@@ -125,6 +125,7 @@ BASE_BATCH = 16  # b: the batch the base rate is tuned for, one rank's batch
 KS = (1, 8, 16)  # effective batch = k * b
 K_MAX = max(KS)
 CURVE_POINTS = 24  # validation losses along each small-batch run (step 4 reads them)
+CURVE_COLUMNS = 1024  # of the validation columns, for those losses: a quarter of the cost
 SAMPLES = 32_768 if QUICK else 65_536  # columns every run sees, whatever its batch
 SEEDS = (0, 1, 2)
 WARMUP_FRACTION = 0.2  # of a run's steps, for "linear + warm-up", LARS and LAMB
@@ -142,9 +143,9 @@ with torch.no_grad():
 N_VAL = 4096
 X_train, Y_train, X_val, Y_val = X[:-N_VAL], Y[:-N_VAL], X[-N_VAL:], Y[-N_VAL:]
 print(f"{lab.schema.levels} levels: {len(X_train)} training and {N_VAL} validation columns, "
-      f"{lab.n_x} inputs, {lab.n_y} fluxes, hidden layers {HIDDEN}; every run sees {SAMPLES:,} columns "
-      f"({SAMPLES / len(X_train):.1f} epochs); {WORKERS} runs at a time")
-print(f"steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for k in KS))
+      f"{lab.n_x} inputs, {lab.n_y} fluxes, hidden layers {HIDDEN}; every run sees "
+      f"{SAMPLES:,} columns ({SAMPLES / len(X_train):.1f} epochs); {WORKERS} runs at a time")
+print("steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for k in KS))
 
 # %% [markdown]
 # First, check the claim that accumulation is the big batch: the gradient of `k`
@@ -222,6 +223,7 @@ def train(run):
     batches = iter(())
     seen = 0
     norms = []  # per step, at the largest k: (mean |micro-batch gradient|², |their mean|²)
+    measure_norms = run.k == K_MAX and run.rule in RULES  # the runs step 4 reads
     curve = []  # at k = 1: (columns seen, validation loss), at steps evenly spaced in log
     measured_at = set(np.geomspace(1, steps, CURVE_POINTS).astype(int)) if run.k == 1 else ()
     for step in range(steps):
@@ -237,26 +239,27 @@ def train(run):
             loss = torch.nn.functional.mse_loss(net(X_train[rows]), Y_train[rows]) / run.k
             loss.backward()
             seen += len(rows)
-            if run.k == K_MAX:  # this micro-batch's own gradient: what its backward added, x k
+            if measure_norms:  # this micro-batch's own gradient: what its backward added, x k
                 after = flat_gradient(net)
                 small.append(float((run.k * (after - before)).square().sum()))
                 before = after
         if not math.isfinite(loss.item()) or loss.item() > 1e3:
             return {"val_loss": math.inf, "seen": seen, "diverged": True, "norms": norms,
-                    "curve": curve}
+                    "curve": curve, "curve_end": math.inf}
         if small:
             norms.append((sum(small) / len(small), float(before.square().sum())))
         optimizer.step()
         if step + 1 in measured_at:
-            curve.append((seen, validation_loss(net)))
-    val = validation_loss(net)
+            curve.append((seen, validation_loss(net, CURVE_COLUMNS)))
+    val, end = validation_loss(net), validation_loss(net, CURVE_COLUMNS)
     return {"val_loss": val if math.isfinite(val) else math.inf, "seen": seen,
-            "diverged": not math.isfinite(val), "norms": norms, "curve": curve}
+            "diverged": not math.isfinite(val), "norms": norms, "curve": curve,
+            "curve_end": end if math.isfinite(end) else math.inf}
 
 
-def validation_loss(net):
+def validation_loss(net, columns=N_VAL):
     with torch.no_grad():
-        return torch.nn.functional.mse_loss(net(X_val), Y_val).item()
+        return torch.nn.functional.mse_loss(net(X_val[:columns]), Y_val[:columns]).item()
 
 
 def train_all(runs):
@@ -306,7 +309,8 @@ for name, grid in SWEEP.items():
     print(f"{name:4s} " + "  ".join(f"lr {lr:g}: {loss:.4f}" + (f" ({bad} diverged)" if bad else "")
                                     for lr, (loss, bad) in scores.items())
           + f"  -> base rate {base_lr[name]:g}")
-    assert base_lr[name] not in (grid[0], grid[-1]), f"{name}: widen the grid, its best is at an edge"
+    assert base_lr[name] not in (grid[0], grid[-1]), \
+        f"{name}: widen the grid, its best is at an edge"
 print(f"(median of {len(SEEDS)} seeds; {time.perf_counter() - started:.0f} s)")
 print("smallest rate that diverged at the small batch: "
       + ", ".join(f"{name} {lr:g}" if lr else f"{name} none" for name, lr in unstable_at.items()))
@@ -363,7 +367,8 @@ runs += [Run(name, own_rate[name], K_MAX, "own rate", seed) for name in LARGE_SW
 new_runs = [run for run in runs if run not in results]  # the sweeps ran the others
 started = time.perf_counter()
 results |= train_all(new_runs)
-print(f"{len(runs)} runs in the table, {len(new_runs)} new ({time.perf_counter() - started:.0f} s); "
+print(f"{len(runs)} runs in the table, {len(new_runs)} new "
+      f"({time.perf_counter() - started:.0f} s); "
       f"{len(results)} trainings in this lesson")
 assert all(results[run]["seen"] == SAMPLES or results[run]["diverged"] for run in results), \
     "every run that did not diverge saw the same number of columns"
@@ -618,9 +623,10 @@ display(Markdown("\n".join(how_to_read())))
 # protocol: reaching a loss takes `E = E_min (1 + B / B_noise)` columns, so a batch of
 # `k × b` makes the progress the small batch `b` makes with a share
 # `(1 + b / B_noise) / (1 + k b / B_noise)` of the columns — one half near
-# `k = B_noise / b`. The small batch's runs recorded their validation loss as they went:
-# the cell finds when they reached each large batch's final loss, and sets that share of
-# the columns beside the prediction.
+# `k = B_noise / b`. The small batch's runs recorded their validation loss as they went
+# (on the first `CURVE_COLUMNS` validation columns, and every run its final loss on them
+# too): the cell finds when they reached each large batch's final loss, and sets that
+# share of the columns beside the prediction.
 
 # %%
 SMALL_BATCH, BIG_BATCH = BASE_BATCH, K_MAX * BASE_BATCH
@@ -681,9 +687,11 @@ def columns_to_reach(name, loss):
 
 def efficiency(name, k):
     """The share of its columns the small batch needed to match what the best rule at k
-    reached with all of them (1: the larger batch cost nothing)."""
+    reached with all of them (1: the larger batch cost nothing), on the curves' columns."""
     best = verdict[(name, k)]["best"] if k > 1 else "none"
-    return min(1.0, columns_to_reach(name, table[(name, k, best)]["median"]) / SAMPLES)
+    reached = np.median([results[Run(name, base_lr[name], k, best, seed)]["curve_end"]
+                         for seed in SEEDS])
+    return min(1.0, columns_to_reach(name, reached) / SAMPLES)
 
 
 def predicted_efficiency(k, b_noise):
@@ -751,11 +759,11 @@ for name, found in noise.items():
 # %% [markdown]
 # Where the two agree, the table's turn is the one the paper predicts: below
 # `B_noise` a larger batch is nearly free at equal columns, above it it is not, whatever
-# the learning-rate rule. Where they disagree, remember what each leaves out: `B_simple` assumes the curvature is
-# the same in every direction (the paper's `B_noise` weighs the noise by the Hessian), a
-# short run weighs its first steps, where McCandlish et al. find the noise scale smallest
-# (the cell above printed how it moved here), and three seeds resolve the table only so
-# far.
+# the learning-rate rule. Where they disagree, remember what each leaves out: `B_simple`
+# assumes the curvature is the same in every direction (the paper's `B_noise` weighs the
+# noise by the Hessian), a short run weighs its first steps, where McCandlish et al. find
+# the noise scale smallest (the cell above printed how it moved here), and three seeds
+# resolve the table only so far.
 
 # %% [markdown]
 # ## With a GPU

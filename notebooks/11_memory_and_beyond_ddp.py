@@ -30,7 +30,7 @@
 #   forward, one in backward), equal to the single-process layers, and its communication
 #   counted against data parallelism's.
 #
-# Time: ~40 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~45 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import copy
@@ -39,7 +39,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -286,6 +285,7 @@ def one_step_s(model, x, y):
 def paired_steps(first, second, x, y, repeats):
     """Median step of each, and the median of their ratio over steps taken in turn (a
     machine that slows down for a while slows both sides of a pair)."""
+    one_step_s(first, x, y), one_step_s(second, x, y)  # a first step pays one-off set-ups
     pairs = [(one_step_s(first, x, y), one_step_s(second, x, y)) for _ in range(repeats)]
     return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
             statistics.median(b / a for a, b in pairs))
@@ -322,17 +322,32 @@ assert abs(large["saved"] - large["arithmetic"]) <= 0.1 * large["arithmetic"], \
 
 # %% [markdown]
 # The cell below reads the trade from the measurements: what share of a step's peak the
-# recomputation gives back, for what share of time more.
+# recomputation gives back, for what share of time more — beside the time it should add,
+# counted in multiply-adds: one more forward pass of the hidden layers, against a step's
+# forward and backward (backward costs two forwards, less the input's gradient, which no
+# layer needs).
 
 # %%
 gradient_bytes = computed["gradients"]
+widths = (N_X, *HIDDEN, N_Y)
+macs_forward = sum(a * b for a, b in zip(widths, widths[1:]))
+macs_recomputed = sum(a * b for a, b in zip(widths[:-2], widths[1:-1]))
+expected_added = macs_recomputed / (3 * macs_forward - N_X * HIDDEN[0])
+print(f"the recomputed forward is {expected_added:.0%} of a step's multiply-adds")
 for batch, row in trade.items():
-    share = row["saved"] / row["kept"]
-    worth = ("gives back a larger share of the peak than it adds to the step"
-             if share > row["added"] else
-             "adds a larger share to the step than it gives back of the peak")
-    print(f"batch {batch:>5}: {share:.0%} of the peak for {row['added']:+.0%} time: it {worth}; "
-          f"the gradients alone are {mib(gradient_bytes)}")
+    share, gradient_share = row["saved"] / row["kept"], gradient_bytes / row["kept"]
+    if row["saved"] < row["arithmetic"] / 2:
+        verdict = (f"gives back {mib(max(row['saved'], 0))} of the {mib(row['arithmetic'])} it "
+                   f"stops keeping; the gradients alone are {gradient_share:.0%} of the peak: "
+                   "at this batch the activations are not what sets it, and the recomputation "
+                   f"costs {row['added']:+.0%} of the step for nothing")
+    else:
+        verdict = (f"gives back {share:.0%} of the peak ({mib(row['saved'])}) for "
+                   f"{row['added']:+.0%} of the step (the multiply-adds say "
+                   f"{expected_added:+.0%}); the gradients are {gradient_share:.0%} of the peak")
+    print(f"batch {batch:>5}: recomputation {verdict}")
+assert all(row["saved"] <= 1.1 * row["arithmetic"] for row in trade.values()), \
+    "recomputation cannot give back more than what it stops keeping"
 print(f"what the hidden layers keep is {sum(HIDDEN) / (N_X + 2 * sum(HIDDEN) + 2 * N_Y):.0%} "
       "of what a sample's activations hold: the input column and the fluxes are the rest, "
       "and no checkpoint of a hidden layer removes them")
@@ -530,7 +545,8 @@ else:
 # single-process layers.
 
 # %%
-import torch.nn.functional as F  # noqa: E402
+import psutil
+import torch.nn.functional as F
 
 
 class CopyToRanks(torch.autograd.Function):
@@ -663,19 +679,25 @@ print(f"per step at a batch of {BATCH}: tensor parallelism of the pair all-reduc
 print(f"the pair's buffers pass data parallelism's above {crossover:,.0f} columns a step "
       f"({forward_only:,.0f} without the input's gradient, which the model's first layer "
       "does not need)")
-cheaper = "data parallelism" if sum(tp_bytes.values()) > dp_bytes else "tensor parallelism"
-print(f"for this {params:,}-parameter model at a batch of {BATCH}: {cheaper} moves fewer "
-      f"bytes per step; and its parameters, gradients and Adam states are "
-      f"{mib(16 * params)} in all, a small part of any device's memory: nothing needs "
-      "splitting")
+# The course's pair is its first two layers: their input is the data, whose gradient no
+# layer needs, so split there the pair all-reduces in forward only.
+course_tp = tp_bytes["forward"]
+fewer = "tensor parallelism" if course_tp < dp_bytes else "data parallelism"
+print(f"for this {params:,}-parameter model at a batch of {BATCH}, split at its first two "
+      f"layers: {fewer} all-reduces fewer bytes a step ({mib(course_tp)} against "
+      f"{mib(dp_bytes)}); tensor parallelism's sits in forward, where no backward can hide it")
+state, memory = 16 * params, psutil.virtual_memory().total
+needs = "nothing needs splitting" if state < 0.01 * memory else "splitting the model pays"
+print(f"what tensor parallelism splits, the weights with their gradients and Adam states, is "
+      f"{mib(state)} in all, {state / memory:.3%} of this machine's memory: {needs}")
 assert sum(tp_bytes.values()) == 4 * BATCH * (HIDDEN[1] + N_X)
 
 # %% [markdown]
 # Tensor parallelism pays where a layer's weights or activations do not fit one device
 # and the devices are joined by links fast enough for an all-reduce inside every layer
-# pair, in forward and in backward, on the critical path: nothing overlaps it, as DDP's
-# buckets overlap backward. That is NVLink inside a node — and a model far larger than
-# this one.
+# pair, in forward and in backward, on the critical path: nothing overlaps it, where
+# DDP's buckets can overlap backward (lesson 9b measures how much). That is NVLink inside
+# a node — and a model far larger than this one.
 #
 # ## Exercises
 #

@@ -7,9 +7,10 @@ Every rank times, step by step, forward + backward and then the synchronisation
 (``time.perf_counter`` around ``finish_gradient_synchronization()``, where the wrappers
 wait on their all-reduces: the communication a rank is *exposed* to), and the same
 all-reduces replayed one after the other with nothing else running (what the
-communication costs when nothing hides it). torch's DDP waits inside backward, so its
-exposed time is its step less the step of the model alone. The lesson runs it on forked
-gloo ranks, over the loopback or with one rank per host of a ``kosmoss.launch.hosts``
+communication costs when nothing hides it; torch's DDP launches its all-reduces in C++, out
+of sight, so its own buckets, as it rebuilt them after its first step, are replayed).
+torch's DDP waits inside backward, so its exposed time is its step less the step of the
+model alone. The lesson runs it on forked gloo ranks, over the loopback or with one rank per host of a ``kosmoss.launch.hosts``
 set (each rank enters its host's network namespace before it opens a socket)::
 
     on_ranks(bench_rank, 2, wrappers, Setup(), folder)            # the loopback
@@ -35,6 +36,7 @@ import torch.distributed as dist
 
 from ..launch import hosts as host_sets
 from ..model import mlp
+from ..run.lightning_private import ddp_bucket_bytes
 
 WRAPPERS = {"flat": "FlatDDP", "overlap": "OverlapDDP", "buckets": "BucketDDP"}
 VARIANTS = ("model alone", "torch DDP", *WRAPPERS)
@@ -141,6 +143,8 @@ def _time_variant(name: str, wrappers: Dict[str, type], setup: Setup, rank: int,
     if rank == 0:
         torch.save(torch.cat([p.detach().flatten() for p in model.parameters()]),
                    folder / f"weights-{name}.pt")
+    if name == "torch DDP":  # its all-reduces run in C++, unseen: its buckets say what they held
+        sizes = [nbytes // 4 for nbytes in ddp_bucket_bytes(wrapped)]
     figures = {"forward_backward_s": compute, "finish_s": exposed,
                "step_s": [c + e for c, e in zip(compute, exposed)],
                "all_reduce_elements": sizes}
@@ -235,9 +239,6 @@ def summary(figures: dict, slowest: Callable = _median_of_slowest) -> Dict[str, 
                        "exposed_s": step - compute if name == "torch DDP"
                        else slowest(row["finish_s"]),
                        "all_reduces": len(row["all_reduce_elements"][0])}
-    # torch's DDP all-reduces BucketDDP's buckets at the same cap (lesson 9 prints them)
-    table["torch DDP"].update(alone_s=table["buckets"]["alone_s"],
-                              all_reduces=table["buckets"]["all_reduces"])
     for name in VARIANTS[1:]:
         table[name]["hidden_s"] = compute + table[name]["alone_s"] - table[name]["step_s"]
     return table

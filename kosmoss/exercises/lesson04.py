@@ -430,7 +430,9 @@ def _noise_mistake(got, expected: tuple, inputs: tuple):
     if len(values) != 2 or None in values:
         return (f"yours returned {got!r}: return the two parts, not their ratio — a pair "
                 "(g_sq, trace) of numbers")
-    scales = ((big * big_sq + small * small_sq) / (big - small),
+    # The magnitudes each part's computation meets: a solver that first finds tr(Σ) then
+    # takes tr(Σ)/small_batch from small_sq_norm meets small_sq_norm itself.
+    scales = ((big * big_sq + small * small_sq) / (big - small) + abs(small_sq),
               (small_sq + big_sq) / (1 / small - 1 / big))
     if all(float64_close(v, e, NOISE_ROUNDINGS, scale)
            for v, e, scale in zip(values, expected, scales)):

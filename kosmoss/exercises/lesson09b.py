@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import gc
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 from .core import (Exercise, LearnerRaised, Mistake, NotAnswered, cell_filename,
                    describe_error, failed, learner, passed)
@@ -376,6 +376,20 @@ class BucketDDP(torch.nn.Module):
 """
 
 
+_COPY_BACK = """\
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
+"""
+_CLOSE_BEFORE_THE_CAP = """\
+            nbytes = {size}
+            if current and size + nbytes > cap:
+                self.buckets.append(current)
+                current, size = [], 0
+            current.append(parameter)
+            size += nbytes
+"""
+
+
 def _bucket(order: str = "[p for p in module.parameters() if p.requires_grad][::-1]",
             size: str = "parameter.numel() * parameter.element_size()",
             close: str = """            current.append(parameter)
@@ -387,9 +401,8 @@ def _bucket(order: str = "[p for p in module.parameters() if p.requires_grad][::
             ready: str = """        if self.waiting[index] == 0:
             self._launch(index)
 """, launch: str = "dist.all_reduce(flat, async_op=True)",
-            finish_wait: str = "            handle.wait()\n", copy_back: str = """            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
-                grad.copy_(part.view_as(grad))
-""", divisor: str = "dist.get_world_size()",
+            finish_wait: str = "            handle.wait()\n", copy_back: str = _COPY_BACK,
+            divisor: str = "dist.get_world_size()",
             reset: str = "        self.waiting = [len(bucket) for bucket in self.buckets]\n",
             finish_launch: str = "") -> str:
     """A BucketDDP like the reference with one part changed: most mistakes' shape."""
@@ -439,13 +452,8 @@ BUCKET_WRONG = {
     "buckets in forward order": Mistake(_bucket(
         order="[p for p in module.parameters() if p.requires_grad]"),
         "reverse order of module.parameters()"),
-    "a bucket closes before it would pass the cap": Mistake(_bucket(close="""            nbytes = {size}
-            if current and size + nbytes > cap:
-                self.buckets.append(current)
-                current, size = [], 0
-            current.append(parameter)
-            size += nbytes
-"""), "as soon as its size reaches the cap"),
+    "a bucket closes before it would pass the cap": Mistake(
+        _bucket(close=_CLOSE_BEFORE_THE_CAP), "as soon as its size reaches the cap"),
     "the cap counted in elements": Mistake(_bucket(size="parameter.numel()"),
                                            "counted in elements"),
     "a megabyte of 10**6 bytes": Mistake(_bucket(cap="int(bucket_cap_mb * 1e6)"),

@@ -525,6 +525,13 @@ ROW_WRONG = {
     "no all-reduce: this rank's partial sum": Mistake(_row("""\
     return h_local @ weight_local.T + bias
 """), "a partial sum"),
+    "the bias on rank 0 only, after the sum": Mistake(_row("""\
+    partial = h_local @ weight_local.T
+    dist.all_reduce(partial)
+    if dist.get_rank() == 0:
+        partial += bias
+    return partial
+"""), "the bias is missing"),
     "averaged, as data parallelism does": Mistake(_row("""\
     partial = h_local @ weight_local.T
     dist.all_reduce(partial)
@@ -609,8 +616,6 @@ def row_tolerance(h, weight, bias):
 
 
 def row_judge(ranks: List[list]) -> tuple:
-    import torch
-
     n = len(ranks)
     for index, case in enumerate(ROW_CASES):
         h, weight, bias = _row_inputs(case, index)
@@ -672,7 +677,8 @@ def _row_why(got, exact, bias, n: int) -> str:
         return (f": the bias counted {n} times — every rank added it before the sum; the bias "
                 "is added once, after the all-reduce")
     if close(got, exact - bias):
-        return ": the bias is missing — add it once, after the all-reduce"
+        return (": the bias is missing — every rank adds it to the summed output, once, "
+                "after the all-reduce")
     if close(got, (exact - bias) / n + bias):
         return (f": the sum divided by {n} — the partial products add up to the output; do "
                 "not average them as data parallelism averages gradients")
