@@ -43,7 +43,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from kosmoss.lessons import on_ranks, quick, scratch_folder
+from kosmoss.lessons import on_ranks, scratch_folder
 from kosmoss.model import mlp
 
 scratch = scratch_folder("lesson11-")
@@ -294,7 +294,7 @@ def paired_steps(first, second, x, y, repeats):
 torch.manual_seed(0)
 kept = mlp(N_X, HIDDEN, N_Y)
 recomputed = Recomputed(kept)  # the same layers, the same weights
-REPEATS = 5 if quick() else 15
+REPEATS = 15  # pairs of steps: a few seconds, quick mode or not
 trade = {}
 for batch in (BATCH, 8 * BATCH):
     xb, yb = torch.randn(batch, N_X), torch.randn(batch, N_Y)

@@ -43,6 +43,8 @@ VARIANTS = ("model alone", "torch DDP", *WRAPPERS)
 
 
 COURSE_MLP = (4128, 100, 100, 100, 552)  # inputs, the hidden widths, outputs
+EQUAL_LAYERS = (512,) * 9  # eight layers of 512 x 512: every gradient the same size
+LINK = "1gbit"  # the lesson's link between hosts: an all-reduce takes long enough to hide
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,22 @@ class Setup:
 
     def model(self):
         return mlp(self.layers[0], self.layers[1:-1], self.layers[-1])
+
+
+def lesson_settings(missing: Optional[str], quick: bool) -> Dict[str, Tuple[Setup,
+                                                                           Optional[str]]]:
+    """The lesson's settings, label -> (setup, the link's rate, None for the loopback): the
+    course's MLP over the loopback and over a link between two hosts, a model of equal
+    layers over the link; where hosts cannot be made (``missing`` says why), no link, and
+    the model of equal layers over the loopback."""
+    steps = dict(steps=5, warmup=2, replays=3) if quick else dict(steps=20, warmup=3, replays=5)
+    link = None if missing else LINK
+    where = "loopback" if missing else f"{LINK} link"
+    settings = {"course MLP, loopback": (Setup(**steps), None)}
+    if link:
+        settings[f"course MLP, {where}"] = (Setup(**steps), link)
+    settings[f"equal layers, {where}"] = (Setup(layers=EQUAL_LAYERS, batch=256, **steps), link)
+    return settings
 
 
 def bucket_bytes(setup: Setup) -> List[int]:

@@ -32,6 +32,18 @@ def test_the_course_mlp_has_its_first_layer_in_the_last_bucket():
     assert len(buckets) == 2 and buckets[-1] > 4 * 4128 * 100  # the first layer's weight
 
 
+def test_the_lessons_settings_skip_the_link_where_no_hosts_can_be_made():
+    with_hosts = own_ddp.lesson_settings(None, quick=True)
+    assert [link for _, link in with_hosts.values()] == [None, own_ddp.LINK, own_ddp.LINK]
+    without = own_ddp.lesson_settings("needs root", quick=True)
+    assert list(without) == ["course MLP, loopback", "equal layers, loopback"]
+    assert all(link is None for _, link in without.values())
+    assert without["equal layers, loopback"][0] == with_hosts[f"equal layers, {own_ddp.LINK} "
+                                                              "link"][0]
+    assert own_ddp.lesson_settings(None, quick=False)["course MLP, loopback"][0].steps > \
+        with_hosts["course MLP, loopback"][0].steps
+
+
 def _figures(step_ms, alone_ms, finish_ms):
     """What read() returns, from per-variant (per-rank per-step steps, alone, finishes)."""
     return {name: {"step_s": [[t / 1e3 for t in rank] for rank in step_ms[name]],
