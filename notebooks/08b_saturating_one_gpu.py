@@ -117,7 +117,7 @@ assert limit["limit_samples_per_s"] == min(limit["memory_bound_samples_per_s"],
 # - **graphs-k8**: several steps a replay; then the same at a much larger batch.
 #
 # With a GPU the cell below runs the ladder live on a small dataset; without one it reads
-# the ladder recorded on a GPU with `scripts/gpu_check.sh --profile ladder`.
+# the ladder recorded on a GPU by the GPU check's ladder profile (docs/gpu.md).
 
 # %%
 if gpu:

@@ -13,6 +13,7 @@ configuration, state and logs live in ``<hosts state>/<set>.slurm/``, removed wi
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -167,7 +168,10 @@ def start_munge() -> None:
         shutil.chown(MUNGE_KEY, "munge", "munge")
     MUNGE_RUN.mkdir(parents=True, exist_ok=True)
     shutil.chown(MUNGE_RUN, "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True, capture_output=True)
+    # munged outlives the run: without the run's marks, kosmoss ghosts never counts it.
+    daemon_env = {k: v for k, v in os.environ.items() if not k.startswith("KOSMOSS_")}
+    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True, capture_output=True,
+                   env=daemon_env)
 
 
 def _wait_idle(cluster: SlurmCluster, timeout_s: float = START_TIMEOUT_S) -> None:

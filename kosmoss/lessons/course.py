@@ -43,7 +43,7 @@ GPU_RECORDS = ("docs/gpu/2026-11-26-h200/results.json",
                "docs/gpu/2026-11-26-h100/results.json",
                "docs/gpu/2026-11-26-h100-ladder/results.json")
 COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
-              "docs/cli.md", "docs/hosts.md", "docs/hosts/lost-host.json",
+              "docs/cli.md", "docs/hosts.md", "docs/hosts/lost-host.json", "docs/gpu.md",
               "scripts/install_horovod.sh") + GPU_RECORDS
 QUICK_ENV = "KOSMOSS_LESSON_QUICK"
 NOTEBOOK_COLUMNS = 120  # what a JupyterLab output area shows without wrapping

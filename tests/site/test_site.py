@@ -369,8 +369,7 @@ def datasets_opened_by(lesson: Path) -> dict:
             if isinstance(node, (ast.List, ast.Tuple)):
                 values = [getattr(e, "value", None) for e in node.elts]
                 opened.update({v: None for k, v in zip(values, values[1:]) if k == "--dataset"})
-            if isinstance(node, ast.Call) and _called(node) == "prepare" and \
-                    len(node.args) == 2 and isinstance(node.args[1], ast.BinOp):
+            if isinstance(node, ast.Call) and _called(node) == "prepare" and _in_data_root(node):
                 made = node.args[0]
                 source_ = SyntheticSource(*map(ast.literal_eval, made.args),
                                           **{k.arg: ast.literal_eval(k.value) for k in made.keywords})
@@ -379,6 +378,15 @@ def datasets_opened_by(lesson: Path) -> dict:
     return {name: request if name not in PRESETS else request_of(PRESETS[name].source(),
                                                                   PRESETS[name].shard_size)
             for name, request in opened.items() if isinstance(name, str)}
+
+
+def _in_data_root(prepare_call: ast.Call) -> bool:
+    """``prepare(source, paths.data_root() / name)``: a dataset shared by every run, which
+    the site prepares ahead; one in a lesson's scratch folder is private to that run."""
+    if len(prepare_call.args) != 2 or not isinstance(prepare_call.args[1], ast.BinOp):
+        return False
+    folder = prepare_call.args[1].left
+    return isinstance(folder, ast.Call) and _called(folder) == "data_root"
 
 
 def _called(call: ast.Call) -> str:

@@ -37,7 +37,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _start_munge() -> None:
+def _start_munge(env: dict) -> None:
     if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
         return
     if not Path("/etc/munge/munge.key").exists():
@@ -45,7 +45,7 @@ def _start_munge() -> None:
         shutil.chown("/etc/munge/munge.key", "munge", "munge")
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +60,11 @@ def slurm(tmp_path_factory):
     conf.write_text(CONF.format(host=socket.gethostname(), dir=folder, cpus=os.cpu_count(),
                                 ctld_port=free_port(), d_port=free_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    _start_munge()
-    subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
-    subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env)
+    # The daemons outlive every test: none may look like a run of a test's KOSMOSS_HOME.
+    daemon_env = {k: v for k, v in env.items() if not k.startswith("KOSMOSS_")}
+    _start_munge(daemon_env)
+    subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=daemon_env)
+    subprocess.run(["slurmd", "-f", str(conf)], check=True, env=daemon_env)
     try:
         _wait_idle(env, folder)
         yield env

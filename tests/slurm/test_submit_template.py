@@ -38,7 +38,9 @@ def test_srun_ntasks_without_per_node_is_a_one_line_error(slurm, shared_home):
                           timeout=120)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("trainup_cpu.py:")]
-    assert len(errors) == 2 and "ask for --ntasks-per-node" in errors[0]
+    # One line from each task that got to say it (srun may end the other task first).
+    assert 1 <= len(errors) <= 2 and len(set(errors)) == 1, proc.stderr[-3000:]
+    assert "ask for --ntasks-per-node" in errors[0] and "Traceback" not in proc.stderr
 
 
 def _steps(run_dir):
