@@ -23,9 +23,12 @@
 # - how to test them honestly: tune the base rate first, grow the batch by gradient
 #   accumulation, give every run the same number of columns, repeat with several seeds;
 # - what this experiment finds for SGD with momentum and for Adam on the course's model,
-#   and how that compares with the literature.
+#   and how that compares with the literature;
+# - why the gain of a larger batch stops: the gradient noise scale and the critical batch
+#   size (McCandlish et al., 2018), measured during this lesson's own runs from the
+#   gradient norms of the micro-batches and of their average, and set against the table.
 #
-# Time: ~25 min; the cells run in ~10 min on 2 CPU cores
+# Time: ~30 min; the cells run in ~10 min on 2 CPU cores
 
 # %%
 import math
@@ -120,6 +123,9 @@ assert math.isclose(ramp[0], example.base_lr) and math.isclose(ramp[-1], example
 QUICK = quick()  # CI sets KOSMOSS_LESSON_QUICK=1: the same experiment, half as long
 BASE_BATCH = 16  # b: the batch the base rate is tuned for, one rank's batch
 KS = (1, 8, 16)  # effective batch = k * b
+K_MAX = max(KS)
+CURVE_POINTS = 24  # validation losses along each small-batch run (step 4 reads them)
+CURVE_COLUMNS = 1024  # of the validation columns, for those losses: a quarter of the cost
 SAMPLES = 32_768 if QUICK else 65_536  # columns every run sees, whatever its batch
 SEEDS = (0, 1, 2)
 WARMUP_FRACTION = 0.2  # of a run's steps, for "linear + warm-up", LARS and LAMB
@@ -137,9 +143,9 @@ with torch.no_grad():
 N_VAL = 4096
 X_train, Y_train, X_val, Y_val = X[:-N_VAL], Y[:-N_VAL], X[-N_VAL:], Y[-N_VAL:]
 print(f"{lab.schema.levels} levels: {len(X_train)} training and {N_VAL} validation columns, "
-      f"{lab.n_x} inputs, {lab.n_y} fluxes, hidden layers {HIDDEN}; every run sees {SAMPLES:,} columns "
-      f"({SAMPLES / len(X_train):.1f} epochs); {WORKERS} runs at a time")
-print(f"steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for k in KS))
+      f"{lab.n_x} inputs, {lab.n_y} fluxes, hidden layers {HIDDEN}; every run sees "
+      f"{SAMPLES:,} columns ({SAMPLES / len(X_train):.1f} epochs); {WORKERS} runs at a time")
+print("steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for k in KS))
 
 # %% [markdown]
 # First, check the claim that accumulation is the big batch: the gradient of `k`
@@ -201,6 +207,10 @@ def schedule(run):
     return steps, scaling
 
 
+def flat_gradient(net):
+    return torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
 def train(run):
     torch.set_num_threads(1)
     torch.manual_seed(run.seed)
@@ -212,10 +222,15 @@ def train(run):
     order = torch.Generator().manual_seed(run.seed)
     batches = iter(())
     seen = 0
+    norms = []  # per step, at the largest k: (mean |micro-batch gradient|², |their mean|²)
+    measure_norms = run.k == K_MAX and run.rule in RULES  # the runs step 4 reads
+    curve = []  # at k = 1: (columns seen, validation loss), at steps evenly spaced in log
+    measured_at = set(np.geomspace(1, steps, CURVE_POINTS).astype(int)) if run.k == 1 else ()
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = scaling.lr * warmup_factor(step, scaling.warmup_steps, start)
         optimizer.zero_grad()
+        before, small = 0.0, []
         for _ in range(run.k):  # k micro-batches = k ranks' batches
             rows = next(batches, None)
             if rows is None:  # a new epoch: a new order
@@ -224,13 +239,27 @@ def train(run):
             loss = torch.nn.functional.mse_loss(net(X_train[rows]), Y_train[rows]) / run.k
             loss.backward()
             seen += len(rows)
+            if measure_norms:  # this micro-batch's own gradient: what its backward added, x k
+                after = flat_gradient(net)
+                small.append(float((run.k * (after - before)).square().sum()))
+                before = after
         if not math.isfinite(loss.item()) or loss.item() > 1e3:
-            return {"val_loss": math.inf, "seen": seen, "diverged": True}
+            return {"val_loss": math.inf, "seen": seen, "diverged": True, "norms": norms,
+                    "curve": curve, "curve_end": math.inf}
+        if small:
+            norms.append((sum(small) / len(small), float(before.square().sum())))
         optimizer.step()
-    with torch.no_grad():
-        val = torch.nn.functional.mse_loss(net(X_val), Y_val).item()
+        if step + 1 in measured_at:
+            curve.append((seen, validation_loss(net, CURVE_COLUMNS)))
+    val, end = validation_loss(net), validation_loss(net, CURVE_COLUMNS)
     return {"val_loss": val if math.isfinite(val) else math.inf, "seen": seen,
-            "diverged": not math.isfinite(val)}
+            "diverged": not math.isfinite(val), "norms": norms, "curve": curve,
+            "curve_end": end if math.isfinite(end) else math.inf}
+
+
+def validation_loss(net, columns=N_VAL):
+    with torch.no_grad():
+        return torch.nn.functional.mse_loss(net(X_val[:columns]), Y_val[:columns]).item()
 
 
 def train_all(runs):
@@ -280,7 +309,8 @@ for name, grid in SWEEP.items():
     print(f"{name:4s} " + "  ".join(f"lr {lr:g}: {loss:.4f}" + (f" ({bad} diverged)" if bad else "")
                                     for lr, (loss, bad) in scores.items())
           + f"  -> base rate {base_lr[name]:g}")
-    assert base_lr[name] not in (grid[0], grid[-1]), f"{name}: widen the grid, its best is at an edge"
+    assert base_lr[name] not in (grid[0], grid[-1]), \
+        f"{name}: widen the grid, its best is at an edge"
 print(f"(median of {len(SEEDS)} seeds; {time.perf_counter() - started:.0f} s)")
 print("smallest rate that diverged at the small batch: "
       + ", ".join(f"{name} {lr:g}" if lr else f"{name} none" for name, lr in unstable_at.items()))
@@ -306,7 +336,6 @@ plt.show()
 LARGE_SWEEP = {"SGD": (0.1, 0.3, 1.0), "Adam": (1e-3, 3e-3, 1e-2),
                "LARS": (0.1, 0.3, 1.0), "LAMB": (0.003, 0.01, 0.03, 0.1)}
 LAYERWISE = {"LARS": "SGD", "LAMB": "Adam"}  # each layer-wise optimizer and its plain one
-K_MAX = max(KS)
 started = time.perf_counter()
 results |= train_all([Run(name, lr, K_MAX, "own rate", seed) for name, grid in
                       LARGE_SWEEP.items() for lr in grid for seed in SEEDS])
@@ -338,7 +367,8 @@ runs += [Run(name, own_rate[name], K_MAX, "own rate", seed) for name in LARGE_SW
 new_runs = [run for run in runs if run not in results]  # the sweeps ran the others
 started = time.perf_counter()
 results |= train_all(new_runs)
-print(f"{len(runs)} runs in the table, {len(new_runs)} new ({time.perf_counter() - started:.0f} s); "
+print(f"{len(runs)} runs in the table, {len(new_runs)} new "
+      f"({time.perf_counter() - started:.0f} s); "
       f"{len(results)} trainings in this lesson")
 assert all(results[run]["seen"] == SAMPLES or results[run]["diverged"] for run in results), \
     "every run that did not diverge saw the same number of columns"
@@ -568,6 +598,174 @@ def how_to_read():
 display(Markdown("\n".join(how_to_read())))
 
 # %% [markdown]
+# ## Step 4: why the gain stops — the critical batch size
+#
+# McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") explain where a
+# larger batch stops paying. A batch of `B` columns estimates the true gradient `G` with
+# noise of covariance `Σ / B`. While that noise dominates, a batch `k` times larger
+# divides it by `k`, and a step can go `k` times as far: `k` times fewer steps for the same
+# columns. Once the batch is so large that the noise no longer matters, a larger batch buys
+# no fewer steps and only costs columns. Their model puts the turn at the *critical batch size*,
+# `B_crit`, predicted by the *gradient noise scale*; its simple form
+# `B_simple = tr(Σ) / |G|²` can be measured while training, and the steps and columns
+# needed trade off as `(S / S_min - 1)(E / E_min - 1) = 1`.
+#
+# This lesson's runs at the largest `k` measured it as they trained: each step's `k`
+# micro-batches are `k` gradients of `b` columns (what `k` ranks compute), and their mean is
+# the gradient of `k × b` columns (what the all-reduce gives them). Since a squared norm
+# `|G_B|²` averages `|G|² + tr(Σ) / B`, the two norms give both unknowns (the paper's
+# appendix A; the exercise at the end asks for the formula, the cell below solves the two
+# equations as a linear system). One step's estimates are noisy, so, as the paper
+# advises, each is averaged over many steps (and the seeds) before one is divided by the
+# other. The runs are those of each optimizer's best rule at the largest `k`.
+#
+# The model also says what a larger batch costs at equal columns, which is this lesson's
+# protocol: reaching a loss takes `E = E_min (1 + B / B_noise)` columns, so a batch of
+# `k × b` makes the progress the small batch `b` makes with a share
+# `(1 + b / B_noise) / (1 + k b / B_noise)` of the columns — one half near
+# `k = B_noise / b`. The small batch's runs recorded their validation loss as they went
+# (on the first `CURVE_COLUMNS` validation columns, and every run its final loss on them
+# too): the cell finds when they reached each large batch's final loss, and sets that
+# share of the columns beside the prediction.
+
+# %%
+SMALL_BATCH, BIG_BATCH = BASE_BATCH, K_MAX * BASE_BATCH
+SYSTEM = np.array([[1.0, 1 / SMALL_BATCH], [1.0, 1 / BIG_BATCH]])  # |G_B|² = |G|² + tr(Σ)/B
+
+
+def noise_parts(norms):
+    """Per step, (|G|², tr(Σ)) from (mean |micro-batch gradient|², |their mean|²)."""
+    return np.linalg.solve(SYSTEM, np.array(norms, dtype=float).T).T
+
+
+check_parts = noise_parts([(2.0 + 40.0 / SMALL_BATCH, 2.0 + 40.0 / BIG_BATCH)])[0]
+assert np.allclose(check_parts, (2.0, 40.0)), "the system gives back a known |G|² and tr(Σ)"
+
+WINDOWS = 4  # stretches of each run over which B_simple is tracked
+
+
+def noise_scale(name):
+    """B_simple over the run (per stretch of steps) and over the whole run, from every
+    seed of the optimizer's best rule at K_MAX that did not diverge."""
+    rule = verdict[(name, K_MAX)]["best"]
+    runs = [Run(name, base_lr[name], K_MAX, rule, seed) for seed in SEEDS]
+    parts = [noise_parts(results[run]["norms"]) for run in runs if not results[run]["diverged"]]
+    steps = min(len(p) for p in parts)
+    bounds = np.linspace(0, steps, WINDOWS + 1).astype(int)
+
+    def ratio(lo, hi):
+        g_sq = np.mean([p[lo:hi, 0].mean() for p in parts])
+        trace = np.mean([p[lo:hi, 1].mean() for p in parts])
+        return trace / g_sq if g_sq > 0 else math.inf  # noise alone: |G|² not resolved
+
+    return {"rule": rule, "seeds": len(parts), "steps": steps,
+            "track": [ratio(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])],
+            "whole": ratio(0, steps)}
+
+
+def small_batch_curve(name):
+    """Columns seen and the median validation loss of the seeds, along the small batch's
+    runs at the base rate."""
+    curves = [results[Run(name, base_lr[name], 1, "none", seed)]["curve"] for seed in SEEDS]
+    return (np.array([seen for seen, _ in curves[0]], dtype=float),
+            np.median([[loss for _, loss in curve] for curve in curves], axis=0))
+
+
+def columns_to_reach(name, loss):
+    """How many columns the small batch needed to reach ``loss`` (interpolated in log-log
+    between its measured points); inf if it never did."""
+    seen, losses = small_batch_curve(name)
+    reached = np.nonzero(losses <= loss)[0]
+    if not len(reached):
+        return math.inf
+    i = reached[0]
+    if i == 0:
+        return seen[0]
+    t = math.log(losses[i - 1] / loss) / math.log(losses[i - 1] / losses[i])
+    return math.exp(math.log(seen[i - 1]) + t * math.log(seen[i] / seen[i - 1]))
+
+
+def efficiency(name, k):
+    """The share of its columns the small batch needed to match what the best rule at k
+    reached with all of them (1: the larger batch cost nothing), on the curves' columns."""
+    best = verdict[(name, k)]["best"] if k > 1 else "none"
+    reached = np.median([results[Run(name, base_lr[name], k, best, seed)]["curve_end"]
+                         for seed in SEEDS])
+    return min(1.0, columns_to_reach(name, reached) / SAMPLES)
+
+
+def predicted_efficiency(k, b_noise):
+    """McCandlish et al.'s E = E_min (1 + B / B_noise), the batch b against k b."""
+    return (1 + BASE_BATCH / b_noise) / (1 + k * BASE_BATCH / b_noise)
+
+
+def half_way(ks, shares):
+    """The k at which the share falls to one half (log-log between the ks), or None."""
+    for (k0, e0), (k1, e1) in zip(zip(ks, shares), zip(ks[1:], shares[1:])):
+        if e1 <= 0.5 < e0:
+            t = math.log(e0 / 0.5) / math.log(e0 / e1)
+            return math.exp(math.log(k0) + t * math.log(k1 / k0))
+    return None
+
+
+noise = {}
+for name in SWEEP:
+    found = noise[name] = noise_scale(name)
+    measured_share = [efficiency(name, k) for k in KS]
+    predicted_share = [predicted_efficiency(k, found["whole"]) for k in KS]
+    found |= {"measured": measured_share, "predicted": predicted_share,
+              "k_half_measured": half_way(KS, measured_share),
+              "k_half_predicted": found["whole"] / BASE_BATCH + 2}  # (1 + b/B)/(1 + kb/B) = 1/2
+    grows = found["track"][-1] > found["track"][0]
+    print(f"{name} ({found['rule']}, {found['seeds']} seeds x {found['steps']} steps): B_simple "
+          + " -> ".join(f"{b:.0f}" for b in found["track"])
+          + f" over the run ({'grew' if grows else 'did not grow'} as the loss fell); "
+          f"{found['whole']:.0f} over the whole run")
+    for k, measured_k, predicted_k in zip(KS[1:], measured_share[1:], predicted_share[1:]):
+        print(f"   k = {k:2d}: the small batch needed {measured_k:.0%} of the columns to match "
+              f"the best rule's loss; the model predicts {predicted_k:.0%}")
+    assert math.isfinite(found["whole"]) and found["whole"] > 0, f"{name}: |G|² not resolved"
+
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for name, found in noise.items():
+    ax.plot(np.arange(1, WINDOWS + 1), found["track"], "o-", label=f"{name} ({found['rule']})")
+ax.axhline(BASE_BATCH * KS[1], color="grey", ls=":",
+           label=f"k = {KS[1]} (batch {BASE_BATCH * KS[1]})")
+ax.set(yscale="log", xlabel="quarter of the run", ylabel="B_simple (columns)",
+       title=f"the gradient noise scale during the k = {K_MAX} runs")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Where does the gain stop? The noise scale predicts the `k` at which the large batch needs
+# double the columns — the critical batch over the base batch; the small batch's curve
+# measures where the share of the columns falls to one half. The cell sets the two side
+# by side and calls them near when they are within a factor of two of each other (our
+# choice: the grid of `k` has three points).
+
+# %%
+for name, found in noise.items():
+    predicted, measured = found["k_half_predicted"], found["k_half_measured"]
+    if measured is None:
+        near = predicted >= K_MAX / 2
+        seen = f"the share stays above one half up to k = {K_MAX}"
+    else:
+        near = 0.5 <= predicted / measured <= 2
+        seen = f"the share falls to one half at k = {measured:.1f}"
+    found["near"] = near
+    print(f"{name}: B_simple / b + 2 = {predicted:.1f}; measured, {seen}: the noise scale "
+          f"{'does' if near else 'does not'} predict where this model's gain stops")
+
+# %% [markdown]
+# Where the two agree, the table's turn is the one the paper predicts: below
+# `B_noise` a larger batch is nearly free at equal columns, above it it is not, whatever
+# the learning-rate rule. Where they disagree, remember what each leaves out: `B_simple`
+# assumes the curvature is the same in every direction (the paper's `B_noise` weighs the
+# noise by the Hessian), a short run weighs its first steps, where McCandlish et al. find
+# the noise scale smallest (the cell above printed how it moved here), and three seeds
+# resolve the table only so far.
+
+# %% [markdown]
 # ## With a GPU
 #
 # The arithmetic does not change: `k` counts the ranks (times the accumulated
@@ -657,3 +855,29 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
 
 # %%
 from kosmoss.exercises import check; check("04.warmup_lr", globals())
+
+# %% [markdown]
+# **Estimate |G|² and tr(Σ) from the gradient norms at two batch sizes.**
+#
+# Write `noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch)`. The
+# gradient of a batch of `B` columns drawn from the data is the true gradient `G` plus
+# noise of covariance `Σ / B`, so its squared norm is, on average,
+# `|G_B|² = |G|² + tr(Σ) / B`. Given that squared norm at two batch sizes — a rank's
+# micro-batch (`small_batch` columns) and the average over all of them (`big_batch`) —
+# solve for the two unknowns and return `(g_sq, trace)`: the estimates of `|G|²` and
+# `tr(Σ)` of McCandlish et al. (2018, appendix A), whose ratio `tr(Σ) / |G|²` is the
+# simple noise scale `B_simple`. From one step's norms the estimate of `|G|²` can come out
+# negative (noise): return it as it is — the lesson averages the estimates over steps
+# before it divides. The checker gives you the exact expected squared norms of the per-sample
+# gradients of a small model (and of chosen `|G|²` and `tr(Σ)`, a noiseless one included)
+# and compares your two numbers with the true ones to float64 rounding.
+
+# %%
+# exercise: 04.noise_scale
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    """(estimate of |G|², estimate of tr(Σ)) from the squared gradient norms at two batch
+    sizes."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("04.noise_scale", globals())

@@ -20,19 +20,25 @@
 #   far larger one, and checked against what a real step allocates;
 # - gradient accumulation: the step of a large batch, taken in micro-batches that fit;
 # - what `bf16` mixed precision halves, and what it does not;
+# - activation recomputation (`torch.utils.checkpoint`): the memory it saves and the time it
+#   costs, measured at two batch sizes;
 # - ZeRO-1 (stage one of ZeRO) with `torch.distributed.optim.ZeroRedundancyOptimizer`:
 #   each rank keeps only its share of the optimizer state, and the weights stay DDP's;
-# - FSDP (Lightning's `FSDPStrategy`) for the parameters and gradients too; what comes
-#   when even that is not enough: tensor, pipeline and model parallelism.
+# - FSDP (Lightning's `FSDPStrategy`) for the parameters and gradients too;
+# - tensor parallelism by hand: the MLP's first layer split by columns and the next by
+#   rows, on two and three gloo processes (Megatron-LM's pair: one all-reduce in
+#   forward, one in backward), equal to the single-process layers, and its communication
+#   counted against data parallelism's.
 #
-# Time: ~40 min; the cells run in ~1 min on 2 CPU cores
+# Time: ~45 min; the cells run in ~1 min on 2 CPU cores
 
 # %%
 import copy
 import gc
 import json
+import statistics
 import sys
-from pathlib import Path
+import time
 
 import torch
 import torch.distributed as dist
@@ -219,7 +225,134 @@ print(f"activations bf16-mixed / fp32: {(batch_bf16 + batch_fp32) / measured['ac
 # With Lightning's `bf16-true` (the weights themselves in bf16) the parameters and gradients halve
 # too, at the cost of precision in the weights' updates; optimizers that keep a float32
 # master copy of the weights give part of that back.
+
+# %% [markdown]
+# ## Activation recomputation: memory for time
 #
+# Autograd keeps what backward needs (the first section counted it). *Activation
+# recomputation* — gradient checkpointing (Chen et al., 2016) — keeps only the input of
+# each checkpointed block and runs the block's forward again during backward: the
+# activations inside a block are alive one block at a time, for one more forward pass of
+# it. In PyTorch it is `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`.
+# Here each hidden layer (its `Linear` and its SiLU) is one block: what it no longer keeps
+# is the SiLU's input, `4 × (sum of the hidden widths)` bytes a sample. The cell measures
+# one step's peak memory — from the profiler's record of every allocation of the CPU
+# allocator (`torch.profiler.profile(profile_memory=True)`; on a GPU,
+# `torch.cuda.max_memory_allocated`), above what was allocated before the step — and its
+# time (the median of a few steps), with and without, at two batch sizes.
+
+# %%
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.checkpoint import checkpoint
+
+
+class Recomputed(torch.nn.Module):
+    """The MLP, its hidden layers (Linear and SiLU each) recomputed during backward."""
+
+    def __init__(self, net):
+        super().__init__()
+        layers = list(net)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(*layers[i:i + 2])
+                                          for i in range(0, len(layers) - 1, 2))
+        self.last = layers[-1]
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return self.last(x)
+
+
+def peak_bytes(model, x, y):
+    """The most bytes the CPU allocator held during one step, above what it held before."""
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    trace = scratch / "memory-trace.json"
+    recorded.export_chrome_trace(str(trace))
+    events = sorted((e for e in json.loads(trace.read_text())["traceEvents"]
+                     if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    before = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in events) - before
+
+
+def one_step_s(model, x, y):
+    model.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    return time.perf_counter() - started
+
+
+def paired_steps(first, second, x, y, repeats):
+    """Median step of each, and the median of their ratio over steps taken in turn (a
+    machine that slows down for a while slows both sides of a pair)."""
+    one_step_s(first, x, y), one_step_s(second, x, y)  # a first step pays one-off set-ups
+    pairs = [(one_step_s(first, x, y), one_step_s(second, x, y)) for _ in range(repeats)]
+    return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
+            statistics.median(b / a for a, b in pairs))
+
+
+torch.manual_seed(0)
+kept = mlp(N_X, HIDDEN, N_Y)
+recomputed = Recomputed(kept)  # the same layers, the same weights
+REPEATS = 15  # pairs of steps: a few seconds, quick mode or not
+trade = {}
+for batch in (BATCH, 8 * BATCH):
+    xb, yb = torch.randn(batch, N_X), torch.randn(batch, N_Y)
+    grads = []
+    for net in (kept, recomputed):
+        net.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(net(xb), yb).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in kept.parameters()]))
+    assert float((grads[0] - grads[1]).abs().max()) <= 1e-6 * float(grads[0].abs().max()), \
+        "recomputation must not change the gradients"
+    step_kept, step_recomputed, ratio = paired_steps(kept, recomputed, xb, yb, REPEATS)
+    row = {"kept": peak_bytes(kept, xb, yb), "recomputed": peak_bytes(recomputed, xb, yb),
+           "step_kept": step_kept, "step_recomputed": step_recomputed, "added": ratio - 1,
+           "arithmetic": 4 * batch * sum(HIDDEN)}
+    row["saved"] = row["kept"] - row["recomputed"]
+    trade[batch] = row
+    print(f"batch {batch:>5}: peak {mib(row['kept'])} kept, {mib(row['recomputed'])} "
+          f"recomputed: {mib(row['saved'])} saved ({row['saved'] / row['kept']:.0%} of the "
+          f"peak; the SiLU inputs are {mib(row['arithmetic'])}); step {step_kept * 1e3:.1f} "
+          f"-> {step_recomputed * 1e3:.1f} ms ({row['added']:+.0%}, the median of "
+          f"{REPEATS} pairs)")
+large = trade[8 * BATCH]
+assert abs(large["saved"] - large["arithmetic"]) <= 0.1 * large["arithmetic"], \
+    "at the large batch the peak falls by the SiLU inputs recomputation no longer keeps"
+
+# %% [markdown]
+# The cell below reads the trade from the measurements: what share of a step's peak the
+# recomputation gives back, for what share of time more — beside the time it should add,
+# counted in multiply-adds: one more forward pass of the hidden layers, against a step's
+# forward and backward (backward costs two forwards, less the input's gradient, which no
+# layer needs).
+
+# %%
+gradient_bytes = computed["gradients"]
+widths = (N_X, *HIDDEN, N_Y)
+macs_forward = sum(a * b for a, b in zip(widths, widths[1:]))
+macs_recomputed = sum(a * b for a, b in zip(widths[:-2], widths[1:-1]))
+expected_added = macs_recomputed / (3 * macs_forward - N_X * HIDDEN[0])
+print(f"the recomputed forward is {expected_added:.0%} of a step's multiply-adds")
+for batch, row in trade.items():
+    share, gradient_share = row["saved"] / row["kept"], gradient_bytes / row["kept"]
+    if row["saved"] < row["arithmetic"] / 2:
+        verdict = (f"gives back {mib(max(row['saved'], 0))} of the {mib(row['arithmetic'])} it "
+                   f"stops keeping; the gradients alone are {gradient_share:.0%} of the peak: "
+                   "at this batch the activations are not what sets it, and the recomputation "
+                   f"costs {row['added']:+.0%} of the step for nothing")
+    else:
+        verdict = (f"gives back {share:.0%} of the peak ({mib(row['saved'])}) for "
+                   f"{row['added']:+.0%} of the step (the multiply-adds say "
+                   f"{expected_added:+.0%}); the gradients are {gradient_share:.0%} of the peak")
+    print(f"batch {batch:>5}: recomputation {verdict}")
+assert all(row["saved"] <= 1.1 * row["arithmetic"] for row in trade.values()), \
+    "recomputation cannot give back more than what it stops keeping"
+print(f"what the hidden layers keep is {sum(HIDDEN) / (N_X + 2 * sum(HIDDEN) + 2 * N_Y):.0%} "
+      "of what a sample's activations hold: the input column and the fluxes are the rest, "
+      "and no checkpoint of a hidden layer removes them")
+
+# %% [markdown]
 # ## ZeRO-1: each rank keeps its share of the optimizer state
 #
 # Under DDP every rank holds the same Adam states: with `N` ranks, `N` copies of `8P`
@@ -368,7 +501,7 @@ else:
 #
 # Every method so far keeps a whole layer's computation on one device. When one layer's
 # weights or activations do not fit, or the batch per device cannot shrink any more,
-# the model itself is cut (named here, not taught):
+# the model itself is cut:
 #
 # ```
 #  data parallel (DDP, ZeRO, FSDP)      tensor parallel                pipeline parallel
@@ -384,8 +517,187 @@ else:
 # *Model parallelism* is the general name for cutting the model; **tensor parallelism**
 # (Megatron-LM) splits each matrix product across devices within a node, **pipeline
 # parallelism** (GPipe) puts consecutive layers on consecutive devices. Large trainings
-# combine all three with data parallelism ("3D parallelism"). For the radiation MLP none
-# is needed: its `16P` bytes are a few megabytes.
+# combine all three with data parallelism ("3D parallelism").
+#
+# ## Tensor parallelism by hand: Megatron's pair of layers
+#
+# Megatron-LM (Shoeybi et al., 2019) splits an MLP's two layers so that they need one
+# all-reduce in forward and one in backward. The first layer is split **by columns** (its
+# output features): rank `r` holds the rows of `W₁` and `b₁` for its slice of the hidden
+# features and computes that slice, `SiLU` included — an elementwise function needs no
+# other rank's features. The second layer is split **by rows** (its input features): rank
+# `r` holds the columns of `W₂` for the same slice, and its product with its slice of the
+# hidden features is a *partial* output; the partial outputs add up to the whole, so one
+# all-reduce gives every rank the layer's output, to which the bias is added once.
+#
+# ```
+#          x (every rank)          column-parallel            row-parallel
+#   f ───► x ─┬─► [W₁ rows of r0] ─► h_r0 ─► [W₂ cols of r0] ─► partial_r0 ─┐
+#             └─► [W₁ rows of r1] ─► h_r1 ─► [W₂ cols of r1] ─► partial_r1 ─┴─ g: all-reduce
+# ```
+#
+# In backward the roles swap: `g` passes the output's gradient to every rank as it is
+# (each rank holds the same loss), and each rank's gradient of `x` is only its columns'
+# part, so `f` all-reduces it. Two `torch.autograd.Function`s carry that. The cell runs
+# the MLP's first two layers that way on two and three gloo processes (the hidden
+# features do not divide by three: the slices it prints are uneven), counts every
+# all-reduce and its elements, and compares the output and every gradient with the
+# single-process layers.
+
+# %%
+import psutil
+import torch.nn.functional as F
+
+
+class CopyToRanks(torch.autograd.Function):
+    """Megatron's f: forward, the input as it is; backward, the sum over the ranks of its
+    gradient (each rank's columns give a part of it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class SumOverRanks(torch.autograd.Function):
+    """Megatron's g: forward, the sum of the ranks' partial outputs; backward, the gradient
+    as it is. (torch.distributed.nn.functional.all_reduce all-reduces the gradient in
+    backward too, as if the ranks' losses added up: its _AllReduce.backward; here every
+    rank holds the same loss.)"""
+
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def pair_problem(batch, dtype=torch.float32):
+    """The MLP's first two layers (the course's seed), an input and a target."""
+    torch.manual_seed(0)
+    net = mlp(N_X, HIDDEN, N_Y).to(dtype)
+    data = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, N_X, generator=data).to(dtype)
+    target = torch.randn(batch, HIDDEN[1], generator=data).to(dtype)
+    return net[0], net[2], x, target
+
+
+def pair_loss(first, second, x, target):
+    return F.mse_loss(F.silu(second(F.silu(first(x)))), target)
+
+
+def tensor_parallel_pair(rank, world_size, port, batch):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    first, second, x, target = pair_problem(batch)
+    mine = torch.tensor_split(torch.arange(HIDDEN[0]), world_size)[rank]
+    w1 = first.weight[mine].detach().clone().requires_grad_()  # rows: this rank's outputs
+    b1 = first.bias[mine].detach().clone().requires_grad_()
+    w2 = second.weight[:, mine].detach().clone().requires_grad_()  # the same features
+    b2 = second.bias.detach().clone().requires_grad_()
+    x.requires_grad_()  # a layer before this pair would need its gradient
+    calls, phase, original = [], ["forward"], dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        calls.append((phase[0], tensor.numel()))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        hidden = F.silu(F.linear(CopyToRanks.apply(x), w1, b1))  # column-parallel: no message
+        out = SumOverRanks.apply(F.linear(hidden, w2)) + b2  # row-parallel: one all-reduce
+        loss = F.mse_loss(F.silu(out), target)
+        phase[0] = "backward"
+        loss.backward()
+    finally:
+        dist.all_reduce = original
+    torch.save({"out": out.detach(), "loss": loss.item(), "calls": calls, "mine": mine,
+                "x": x.grad, "w1": w1.grad, "b1": b1.grad, "w2": w2.grad, "b2": b2.grad},
+               scratch / f"tp-{world_size}-rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def single_process(dtype):
+    first, second, x, target = pair_problem(BATCH, dtype)
+    x.requires_grad_()
+    out = F.silu(first(x))
+    out = second(out)
+    F.mse_loss(F.silu(out), target).backward()
+    return {"out": out.detach(), "x": x.grad, "w1": first.weight.grad, "b1": first.bias.grad,
+            "w2": second.weight.grad, "b2": second.bias.grad}
+
+
+exact, single = single_process(torch.float64), single_process(torch.float32)
+# 8 times the float32 layers' own distance from float64 (the ranks sum in another order),
+# and at least 8 float32 roundings of the largest value.
+tolerance = {k: 8 * float((single[k].double() - exact[k]).abs().max())
+             + 8 * 2**-24 * float(exact[k].abs().max()) for k in exact}
+tensor_parallel = {}
+for world_size in (2, 3):
+    on_ranks(tensor_parallel_pair, world_size, BATCH)
+    ranks = [torch.load(scratch / f"tp-{world_size}-rank{r}.pt") for r in range(world_size)]
+    parts = {"out": lambda r: exact["out"], "x": lambda r: exact["x"], "b2": lambda r: exact["b2"],
+             "w1": lambda r: exact["w1"][r["mine"]], "b1": lambda r: exact["b1"][r["mine"]],
+             "w2": lambda r: exact["w2"][:, r["mine"]]}
+    gaps = {k: max(float((r[k].double() - want(r)).abs().max()) for r in ranks)
+            for k, want in parts.items()}
+    assert all(gaps[k] <= tolerance[k] for k in gaps), (world_size, gaps, tolerance)
+    calls = ranks[0]["calls"]
+    assert calls == [("forward", BATCH * HIDDEN[1]), ("backward", BATCH * N_X)], calls
+    tensor_parallel[world_size] = {"calls": calls, "slices": [len(r["mine"]) for r in ranks]}
+    print(f"{world_size} ranks, hidden features {tensor_parallel[world_size]['slices']}: output "
+          f"and every gradient equal to the single-process layers (largest gap "
+          f"{max(gaps.values()):.1e}); all-reduces per step: " + ", ".join(
+              f"{phase} {numel:,} elements" for phase, numel in calls))
+
+# %% [markdown]
+# Both all-reduces carry activations, not weights: the forward one the batch's hidden
+# features, the backward one the batch's input gradient. So the pair's communication
+# grows with the batch, while data parallelism all-reduces the gradients of every
+# parameter, whatever the batch. A ring moves `2(n-1)/n` of each buffer per rank in both
+# cases (lesson 9), so the comparison is of the buffers. The cell counts both per step at
+# this lesson's batch, and where they cross.
+
+# %%
+params = params_small  # the course's MLP, from the first section
+tp_bytes = {phase: 4 * numel for phase, numel in tensor_parallel[2]["calls"]}
+dp_bytes = 4 * params
+crossover = params / (HIDDEN[1] + N_X)  # columns a step where the pair's buffers equal DP's
+forward_only = params / HIDDEN[1]  # ... when the pair is the first and x needs no gradient
+print(f"per step at a batch of {BATCH}: tensor parallelism of the pair all-reduces "
+      f"{mib(tp_bytes['forward'])} in forward and {mib(tp_bytes['backward'])} in backward; "
+      f"data parallelism all-reduces {mib(dp_bytes)} of gradients for the whole model")
+print(f"the pair's buffers pass data parallelism's above {crossover:,.0f} columns a step "
+      f"({forward_only:,.0f} without the input's gradient, which the model's first layer "
+      "does not need)")
+# The course's pair is its first two layers: their input is the data, whose gradient no
+# layer needs, so split there the pair all-reduces in forward only.
+course_tp = tp_bytes["forward"]
+fewer = "tensor parallelism" if course_tp < dp_bytes else "data parallelism"
+print(f"for this {params:,}-parameter model at a batch of {BATCH}, split at its first two "
+      f"layers: {fewer} all-reduces fewer bytes a step ({mib(course_tp)} against "
+      f"{mib(dp_bytes)}); tensor parallelism's sits in forward, where no backward can hide it")
+state, memory = 16 * params, psutil.virtual_memory().total
+needs = "nothing needs splitting" if state < 0.01 * memory else "splitting the model pays"
+print(f"what tensor parallelism splits, the weights with their gradients and Adam states, is "
+      f"{mib(state)} in all, {state / memory:.3%} of this machine's memory: {needs}")
+assert sum(tp_bytes.values()) == 4 * BATCH * (HIDDEN[1] + N_X)
+
+# %% [markdown]
+# Tensor parallelism pays where a layer's weights or activations do not fit one device
+# and the devices are joined by links fast enough for an all-reduce inside every layer
+# pair, in forward and in backward, on the critical path: nothing overlaps it, where
+# DDP's buckets can overlap backward (lesson 9b measures how much). That is NVLink inside
+# a node — and a model far larger than this one.
 #
 # ## Exercises
 #
@@ -471,3 +783,31 @@ def zero1_step(params, state, lr):
 
 # %%
 from kosmoss.exercises import check; check("11.zero1_step", globals())
+
+# %% [markdown]
+# **Write the forward of a row-parallel linear layer (Megatron-LM's second layer).**
+#
+# Write `row_parallel_forward(h_local, weight_local, bias)`. A linear layer `y = h Wᵀ + b`
+# with `k` input features is split over the ranks by its *input* features: rank `r` holds
+# the columns of `W` for its slice of the features (`weight_local`, shape `(out, k_r)`,
+# the slices as `torch.tensor_split` cuts `k`: uneven, and possibly empty) and receives
+# only that slice of the input (`h_local`, shape `(batch, k_r)`: what a column-parallel
+# layer before it left on this rank). Every rank holds the whole `bias`. Return the whole
+# output `h Wᵀ + b` (shape `(batch, out)`), the same on every rank, with one
+# `dist.all_reduce` — the one all-reduce of the layer pair's forward. The checker runs your
+# cell at 2, 3 and 4 gloo processes, on inputs whose features do not divide by the world
+# size, a slice that is empty and a batch of one column, compares with the single-process
+# layer to float32 rounding, and counts your collectives.
+
+# %%
+# exercise: 11.row_parallel
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    """The whole output h @ W.T + bias, from this rank's slice of h and of W's columns."""
+    raise NotImplementedError("your code here")
+
+# %%
+from kosmoss.exercises import check; check("11.row_parallel", globals())

@@ -44,6 +44,7 @@ import torch
 
 from ..core.commandline import OneLineParser
 from ..devices.cpus import available_cores
+from ..run.lightning_private import ddp_logging_data
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
                 break
     clock.pause(device)  # on a GPU: the steps still queued behind Python
     if rank == 0:  # rank 0's clock is the figure: whole once its last step is done
-        buckets = net._get_ddp_logging_data().get("rebuilt_bucket_sizes") \
+        buckets = ddp_logging_data(net).get("rebuilt_bucket_sizes") \
             if variant.comm == "ddp" else None
         write_result(out, {"samples_per_s": clock.samples_per_s, "buckets": buckets})
     if variant.ranks > 1:

@@ -29,8 +29,8 @@ from .guard import Forbidden, raise_if_hit, tripwire
 LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "lesson04",
                   "05": "lesson05", "06": "lesson06", "07": "lesson07", "08": "lesson08",
                   "08b": "lesson08b",
-                  "metrics": "metrics", "09": "lesson09", "10": "lesson10", "11": "lesson11",
-                  "12": "lesson12"}
+                  "metrics": "metrics", "09": "lesson09", "09b": "lesson09b", "10": "lesson10",
+                  "11": "lesson11", "12": "lesson12"}
 MARKER = re.compile(r"^#\s*exercise:\s*(\S+)\s*$")
 CORRECT, WRONG, ERROR = "correct", "wrong", "error"
 WORLD_SIZES = (2, 3, 4)  # a distributed exercise runs at each: see the module's docstring

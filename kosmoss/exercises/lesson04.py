@@ -1,5 +1,7 @@
 """Lesson 04 (scaling the learning rate): the none / linear / square-root rules, and the
-rate of a linear warm-up step by step, against ``kosmoss.scaling.arithmetic``.
+rate of a linear warm-up step by step, against ``kosmoss.scaling.arithmetic``; the two
+parts of the gradient noise scale from the gradient norms at two batch sizes, against the
+exact expectations of real per-sample gradients.
 
     kosmoss check 04
 """
@@ -295,9 +297,187 @@ def _warmup_hint(ramp, step: int, warmup: int, base_lr: float, target_lr: float)
     return _float32_hint(values[step], line(min(step, warmup), warmup) if warmup else target_lr)
 
 
+# ---------------------------------------------------------------- 04.noise_scale
+
+NOISE_STATEMENT = """\
+**Estimate |G|² and tr(Σ) from the gradient norms at two batch sizes.**
+
+Write `noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch)`. The
+gradient of a batch of `B` columns drawn from the data is the true gradient `G` plus
+noise of covariance `Σ / B`, so its squared norm is, on average,
+`|G_B|² = |G|² + tr(Σ) / B`. Given that squared norm at two batch sizes — a rank's
+micro-batch (`small_batch` columns) and the average over all of them (`big_batch`) —
+solve for the two unknowns and return `(g_sq, trace)`: the estimates of `|G|²` and
+`tr(Σ)` of McCandlish et al. (2018, appendix A), whose ratio `tr(Σ) / |G|²` is the
+simple noise scale `B_simple`. From one step's norms the estimate of `|G|²` can come out
+negative (noise): return it as it is — the lesson averages the estimates over steps
+before it divides. The checker gives you the exact expected squared norms of the per-sample
+gradients of a small model (and of chosen `|G|²` and `tr(Σ)`, a noiseless one included)
+and compares your two numbers with the true ones to float64 rounding.
+"""
+
+NOISE_SKELETON = """
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    \"\"\"(estimate of |G|², estimate of tr(Σ)) from the squared gradient norms at two batch
+    sizes.\"\"\"
+    raise NotImplementedError("your code here")
+"""
+
+NOISE_REFERENCE = """
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    # |G_B|² = |G|² + tr(Σ)/B at two batch sizes: two equations, two unknowns.
+    g_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return g_sq, trace
+"""
+
+
+def _noise(g_sq: str, trace: str, returned: str = "g_sq, trace") -> str:
+    return f"""
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    g_sq = {g_sq}
+    trace = {trace}
+    return {returned}
+"""
+
+
+_G_SQ = "(big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)"
+_TRACE = "(small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)"
+
+NOISE_WRONG = {
+    "each norm weighed by the other batch size": Mistake(_noise(
+        "(small_batch * big_sq_norm - big_batch * small_sq_norm) / (small_batch - big_batch)",
+        _TRACE), "weigh each squared norm by its own batch size"),
+    "the trace over the difference of the batch sizes": Mistake(_noise(
+        _G_SQ, "(small_sq_norm - big_sq_norm) / (big_batch - small_batch)"),
+        "1/small_batch - 1/big_batch"),
+    "the trace as the difference of the norms": Mistake(_noise(
+        _G_SQ, "small_sq_norm - big_sq_norm"), "divide by (1/small_batch - 1/big_batch)"),
+    "the large batch's norm taken for |G|²": Mistake(_noise("big_sq_norm", _TRACE),
+                                                     "tr(Σ)/big_batch too large"),
+    "a negative |G|² clamped to zero": Mistake(_noise(f"max(0.0, {_G_SQ})", _TRACE),
+                                               "may come out negative"),
+    "the ratio returned": Mistake(_noise(_G_SQ, _TRACE, "trace / g_sq, g_sq"),
+                                  "the two parts, not their ratio"),
+    "the two parts swapped": Mistake(_noise(_G_SQ, _TRACE, "trace, g_sq"),
+                                     "(g_sq, trace), in that order"),
+}
+
+NOISE_ROUNDINGS = 16  # two products, a subtraction, a division each, and the inputs' own
+
+
+def per_sample_truth() -> tuple:
+    """|G|² and tr(Σ) of a small model's per-sample gradients over a population of
+    columns: G their mean, Σ their covariance (of a draw with replacement)."""
+    import torch
+
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.SiLU(), torch.nn.Linear(8, 3))
+    model = model.double()
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 6, generator=generator, dtype=torch.float64)
+    y = torch.randn(64, 3, generator=generator, dtype=torch.float64)
+    grads = []
+    for row in range(len(x)):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x[row:row + 1]), y[row:row + 1]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    grads = torch.stack(grads)
+    mean = grads.mean(dim=0)
+    return float(mean.square().sum()), float((grads - mean).square().sum(dim=1).mean())
+
+
+def noise_cases() -> list:
+    """(|G|², tr(Σ), small batch, big batch): a real model's, chosen ones, a noiseless one,
+    and the lesson's batch sizes."""
+    g_sq, trace = per_sample_truth()
+    return [(g_sq, trace, 16, 256), (g_sq, trace, 2, 3), (1.0, 50.0, 16, 256),
+            (1e-4, 3.0, 32, 64), (2.5, 0.0, 8, 128)]
+
+
+def _expected_norm(g_sq: float, trace: float, batch: int) -> float:
+    return g_sq + trace / batch
+
+
+def noise_judge(namespace: dict) -> tuple:
+    mine = learner(namespace, "noise_scale_parts")
+    for g_sq, trace, small, big in noise_cases():
+        small_sq, big_sq = _expected_norm(g_sq, trace, small), _expected_norm(g_sq, trace, big)
+        got = mine(small_sq, big_sq, small, big)
+        message = _noise_mistake(got, (g_sq, trace), (small_sq, big_sq, small, big))
+        if message:
+            return failed(f"batches of {small} and {big}, true |G|² {g_sq:.6g} and tr(Σ) "
+                          f"{trace:.6g}: {message}")
+    noisy = mine(10.0, 0.5, 16, 256)  # one step's norms, the large batch's below the small's
+    expected = _reference_parts(10.0, 0.5, 16, 256)
+    message = _noise_mistake(noisy, expected, (10.0, 0.5, 16, 256))
+    if message:
+        return failed(f"from one step's norms 10 and 0.5 at batches of 16 and 256: {message}")
+    return passed(f"the true |G|² and tr(Σ) in {len(noise_cases())} cases (a real model's "
+                  "per-sample gradients among them, one without noise), and a negative |G|² "
+                  "left as it is")
+
+
+def _reference_parts(small_sq: float, big_sq: float, small: int, big: int) -> tuple:
+    return ((big * big_sq - small * small_sq) / (big - small),
+            (small_sq - big_sq) / (1 / small - 1 / big))
+
+
+def _noise_mistake(got, expected: tuple, inputs: tuple):
+    small_sq, big_sq, small, big = inputs
+    pair = got if isinstance(got, (tuple, list)) else ()
+    values = [number(v) for v in pair]
+    if len(values) != 2 or None in values:
+        return (f"yours returned {got!r}: return the two parts, not their ratio — a pair "
+                "(g_sq, trace) of numbers")
+    # The magnitudes each part's computation meets: a solver that first finds tr(Σ) then
+    # takes tr(Σ)/small_batch from small_sq_norm meets small_sq_norm itself.
+    scales = ((big * big_sq + small * small_sq) / (big - small) + abs(small_sq),
+              (small_sq + big_sq) / (1 / small - 1 / big))
+    if all(float64_close(v, e, NOISE_ROUNDINGS, scale)
+           for v, e, scale in zip(values, expected, scales)):
+        return None
+    return (f"yours ({show(values[0])}, {show(values[1])}), expected ({expected[0]:.6g}, "
+            f"{expected[1]:.6g})" + _noise_hint(values, expected, inputs))
+
+
+def _noise_hint(values: list, expected: tuple, inputs: tuple) -> str:
+    small_sq, big_sq, small, big = inputs
+    g_sq, trace = expected
+
+    def near(a, b):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+    if near(values[0], trace) and near(values[1], g_sq):
+        return ": the two parts swapped — return (g_sq, trace), in that order"
+    if g_sq and near(values[0], trace / g_sq):
+        return ": return the two parts, not their ratio (the lesson divides their averages)"
+    if near(values[1], -trace) and trace:
+        return (": the two squared norms taken the other way round — the small batch's is the "
+                "larger (more noise): small_sq_norm goes with small_batch")
+    if near(values[0], (small * big_sq - big * small_sq) / (small - big)) and not near(
+            values[0], g_sq):
+        return (": weigh each squared norm by its own batch size: (B_big |G_big|² - "
+                "B_small |G_small|²) / (B_big - B_small)")
+    if near(values[0], big_sq):
+        return (": the large batch's squared norm is |G|² + tr(Σ)/big_batch too large; "
+                "remove the noise with the second batch size")
+    if near(values[0], 0.0) and g_sq < 0:
+        return (": an estimate of |G|² from one step's norms may come out negative; keep it "
+                "(averaged over steps it is unbiased; clamped, it is not)")
+    if near(values[1], small_sq - big_sq):
+        return ": divide by (1/small_batch - 1/big_batch) to get tr(Σ)"
+    if near(values[1], (small_sq - big_sq) / (big - small)):
+        return (": the noise falls as 1/B: divide by 1/small_batch - 1/big_batch, not by "
+                "the difference of the batch sizes")
+    return ""
+
+
 EXERCISES = [
     Exercise("04.scaled_lr", SCALED_STATEMENT, SCALED_SKELETON, SCALED_REFERENCE,
              SCALED_WRONG, scaled_judge, names=("scaled_lr",), forbidden=("kosmoss.scaling",)),
     Exercise("04.warmup_lr", WARMUP_STATEMENT, WARMUP_SKELETON, WARMUP_REFERENCE,
              WARMUP_WRONG, warmup_judge, names=("warmup_lr",), forbidden=("kosmoss.scaling",)),
+    Exercise("04.noise_scale", NOISE_STATEMENT, NOISE_SKELETON, NOISE_REFERENCE, NOISE_WRONG,
+             noise_judge, names=("noise_scale_parts",)),
 ]

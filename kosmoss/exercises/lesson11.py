@@ -1,15 +1,18 @@
 """Lesson 11 (memory and beyond DDP): one optimizer step from micro-batches (gradient
 accumulation), checked against the full batch's step; a ZeRO-1 step that keeps only this
-rank's share of the optimizer state, checked at 2, 3 and 4 gloo processes against SGD.
+rank's share of the optimizer state, checked at 2, 3 and 4 gloo processes against SGD; the
+forward of a row-parallel linear layer (Megatron-LM's), checked at 2, 3 and 4 gloo
+processes against the single-process layer and for its one all-reduce.
 
     kosmoss check 11
 """
 from __future__ import annotations
 
-from typing import List
+from contextlib import contextmanager
+from typing import Iterator, List
 
 from .core import Exercise, Mistake, failed, learner, passed
-from .tolerance import FLOAT32_UNIT
+from .tolerance import FLOAT32_UNIT, gamma
 
 LR, MOMENTUM = 0.1, 0.9
 
@@ -463,10 +466,233 @@ def _stuck_parameters(result: dict, start, exact) -> List[int]:
     return stuck
 
 
+# ---------------------------------------------------------------- 11.row_parallel
+
+ROW_STATEMENT = """\
+**Write the forward of a row-parallel linear layer (Megatron-LM's second layer).**
+
+Write `row_parallel_forward(h_local, weight_local, bias)`. A linear layer `y = h Wᵀ + b`
+with `k` input features is split over the ranks by its *input* features: rank `r` holds
+the columns of `W` for its slice of the features (`weight_local`, shape `(out, k_r)`,
+the slices as `torch.tensor_split` cuts `k`: uneven, and possibly empty) and receives
+only that slice of the input (`h_local`, shape `(batch, k_r)`: what a column-parallel
+layer before it left on this rank). Every rank holds the whole `bias`. Return the whole
+output `h Wᵀ + b` (shape `(batch, out)`), the same on every rank, with one
+`dist.all_reduce` — the one all-reduce of the layer pair's forward. The checker runs your
+cell at 2, 3 and 4 gloo processes, on inputs whose features do not divide by the world
+size, a slice that is empty and a batch of one column, compares with the single-process
+layer to float32 rounding, and counts your collectives.
+"""
+
+ROW_SKELETON = """
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    \"\"\"The whole output h @ W.T + bias, from this rank's slice of h and of W's columns.\"\"\"
+    raise NotImplementedError("your code here")
+"""
+
+ROW_REFERENCE = """
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    partial = h_local @ weight_local.T  # this slice's share of every output
+    dist.all_reduce(partial)  # the shares add up to h @ W.T on every rank
+    return partial + bias  # once, after the sum
+"""
+
+
+def _row(body: str) -> str:
+    return f"""
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+{body}"""
+
+
+ROW_WRONG = {
+    "the bias on every rank, before the sum": Mistake(_row("""\
+    partial = h_local @ weight_local.T + bias
+    dist.all_reduce(partial)
+    return partial
+"""), "the bias is added once"),
+    "no all-reduce: this rank's partial sum": Mistake(_row("""\
+    return h_local @ weight_local.T + bias
+"""), "a partial sum"),
+    "the bias on rank 0 only, after the sum": Mistake(_row("""\
+    partial = h_local @ weight_local.T
+    dist.all_reduce(partial)
+    if dist.get_rank() == 0:
+        partial += bias
+    return partial
+"""), "the bias is missing"),
+    "averaged, as data parallelism does": Mistake(_row("""\
+    partial = h_local @ weight_local.T
+    dist.all_reduce(partial)
+    return partial / dist.get_world_size() + bias
+"""), "the partial products add up"),
+    "reduced to rank 0 only": Mistake(_row("""\
+    partial = h_local @ weight_local.T
+    dist.reduce(partial, dst=0)
+    return partial + bias
+"""), "leaves the sum on one rank only"),
+    "outputs gathered, as a column-parallel layer would": Mistake(_row("""\
+    partial = h_local @ weight_local.T + bias
+    pieces = [torch.empty_like(partial) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, partial)
+    return torch.cat(pieces, dim=1)
+"""), "you gathered the outputs"),
+}
+
+# (batch, input features k, outputs): k divides by no world size, or is smaller than it.
+ROW_CASES = ((6, 10, 4), (1, 7, 5), (3, 3, 2))
+ROW_COLLECTIVES = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
+                   "reduce_scatter", "reduce_scatter_tensor", "broadcast")
+
+
+def _row_inputs(case: tuple, seed: int):
+    import torch
+
+    batch, features, outputs = case
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, features, generator=generator),
+            torch.randn(outputs, features, generator=generator),
+            torch.randn(outputs, generator=generator))
+
+
+@contextmanager
+def _collectives_called(seen: List[tuple]) -> Iterator[None]:
+    """Record every collective the cell calls (its name and elements), in both namespaces
+    a cell reaches them through; restore them afterwards."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    saved = []
+    for name in ROW_COLLECTIVES:
+        original = getattr(distributed_c10d, name)
+
+        def watched(*args, _name=name, _original=original, **kwargs):
+            tensor = args[0] if args else None
+            seen.append((_name, int(tensor.numel()) if hasattr(tensor, "numel") else -1))
+            return _original(*args, **kwargs)
+
+        for module in (dist, distributed_c10d):
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, watched)
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
+
+
+def row_rank_task(namespace: dict, rank: int, world_size: int) -> list:
+    import torch
+
+    mine = learner(namespace, "row_parallel_forward")
+    results = []
+    for index, case in enumerate(ROW_CASES):
+        h, weight, bias = _row_inputs(case, index)
+        columns = torch.tensor_split(torch.arange(case[1]), world_size)[rank]
+        seen: List[tuple] = []
+        with _collectives_called(seen):
+            got = mine(h[:, columns].clone(), weight[:, columns].clone(), bias.clone())
+        results.append({"got": got.detach().clone() if torch.is_tensor(got) else got,
+                        "seen": seen, "columns": len(columns)})
+    return results
+
+
+def row_tolerance(h, weight, bias):
+    """Per element: a dot product of k terms summed in any grouping over the ranks, and
+    the bias: k + 1 roundings, γ_{k+1} relative to |h| |W|ᵀ + |b| (Higham 2002, §3.1)."""
+    return gamma(h.shape[1] + 1) * (h.double().abs() @ weight.double().abs().T
+                                   + bias.double().abs())
+
+
+def row_judge(ranks: List[list]) -> tuple:
+    n = len(ranks)
+    for index, case in enumerate(ROW_CASES):
+        h, weight, bias = _row_inputs(case, index)
+        exact = h.double() @ weight.double().T + bias.double()
+        tolerance = row_tolerance(h, weight, bias)
+        for rank, cases in enumerate(ranks):
+            result = cases[index]
+            message = (_row_calls(result["seen"], case) or
+                       _row_values(result["got"], exact, tolerance, h, weight, bias, rank, n))
+            if message:
+                return failed(f"batch {case[0]}, {case[1]} input features over {n} ranks "
+                              f"(rank {rank} holds {result['columns']}): {message}")
+    return passed(f"the single-process layer's output on every rank, in {len(ROW_CASES)} "
+                  "cases (uneven and empty slices, a batch of one), with one all-reduce each")
+
+
+def _row_calls(seen: List[tuple], case: tuple):
+    names = [name for name, _ in seen]
+    if "all_reduce" not in names:
+        if "reduce" in names:
+            return ("dist.reduce leaves the sum on one rank only: every rank needs the "
+                    "layer's output (the next layer runs on all of them) — all_reduce it")
+        if "all_gather" in names or "all_gather_into_tensor" in names:
+            return ("you gathered the outputs, as after a column-parallel layer: a row-parallel "
+                    "layer sums its ranks' partial products — all-reduce them")
+        return None  # the values say what is missing
+    reduces = [numel for name, numel in seen if name == "all_reduce"]
+    if len(seen) != 1:
+        return (f"your cell called {', '.join(names)}: the forward of a row-parallel layer "
+                "is one all-reduce of the partial output")
+    if reduces[0] != case[0] * case[2]:
+        return (f"your all-reduce held {reduces[0]} elements; the partial output holds "
+                f"batch × out = {case[0] * case[2]}")
+    return None
+
+
+def _row_values(got, exact, tolerance, h, weight, bias, rank: int, n: int):
+    import torch
+
+    if not torch.is_tensor(got) or tuple(got.shape) != tuple(exact.shape):
+        shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
+        return (f"rank {rank} returned {shape}, the layer's output is {tuple(exact.shape)}: "
+                "a row-parallel layer sums its ranks' partial products (each of the whole "
+                "output's shape), it does not concatenate them")
+    gap = (got.double() - exact).abs()
+    if float((gap - tolerance).max()) <= 0:
+        return None
+    where = f"rank {rank}'s output differs from the layer's by {float(gap.max()):.3g}"
+    return where + _row_why(got.double(), exact, bias.double(), n)
+
+
+def _row_why(got, exact, bias, n: int) -> str:
+    import torch
+
+    def close(a, b):
+        return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
+
+    if close(got, exact + (n - 1) * bias):
+        return (f": the bias counted {n} times — every rank added it before the sum; the bias "
+                "is added once, after the all-reduce")
+    if close(got, exact - bias):
+        return (": the bias is missing — every rank adds it to the summed output, once, "
+                "after the all-reduce")
+    if close(got, (exact - bias) / n + bias):
+        return (f": the sum divided by {n} — the partial products add up to the output; do "
+                "not average them as data parallelism averages gradients")
+    return (": it is not the sum over the ranks — a partial sum of this rank's features "
+            "only? all-reduce the partial output, so that every rank holds the sum")
+
+
 EXERCISES = [
     Exercise("11.accumulate", ACCUMULATE_STATEMENT, ACCUMULATE_SKELETON, ACCUMULATE_REFERENCE,
              ACCUMULATE_WRONG, accumulate_judge, names=("accumulated_step",)),
     Exercise("11.zero1_step", ZERO_STATEMENT, ZERO_SKELETON, ZERO_REFERENCE, ZERO_WRONG,
              zero_judge, rank_task=zero_rank_task, names=("zero1_step",),
              forbidden=("torch.distributed.optim",)),
+    Exercise("11.row_parallel", ROW_STATEMENT, ROW_SKELETON, ROW_REFERENCE, ROW_WRONG,
+             row_judge, rank_task=row_rank_task, names=("row_parallel_forward",),
+             forbidden=("torch.distributed.tensor",)),
 ]

@@ -85,6 +85,9 @@ NAMES: Tuple[PrivateName, ...] = (
     PrivateName("torch.distributed", "_compute_bucket_assignment_by_size", "function",
                 ("kosmoss.scaling.projection", "kosmoss.exercises.lesson09"),
                 "DDP's own bucket split: the projection's all-reduces, lesson 9's checker"),
+    PrivateName("torch.nn.parallel:DistributedDataParallel", "_get_ddp_logging_data", "method",
+                ("kosmoss.bench.own_ddp", "kosmoss.bench.ddp_anatomy"), "the buckets DDP "
+                "rebuilt after its first step, in bytes: the benchmarks report and replay them"),
     PrivateName("torch._utils", "_flatten_dense_tensors", "function",
                 ("kosmoss.bench.ddp_anatomy",), "one flat all-reduce, as DDP's buckets do"),
     PrivateName("torch._utils", "_unflatten_dense_tensors", "function",
@@ -228,6 +231,17 @@ def bucket_assignment_function():
     import torch.distributed as dist
 
     return dist._compute_bucket_assignment_by_size
+
+
+def ddp_logging_data(ddp) -> dict:
+    """What a DistributedDataParallel logs about itself (its buckets among them)."""
+    return ddp._get_ddp_logging_data()
+
+
+def ddp_bucket_bytes(ddp) -> List[int]:
+    """The sizes in bytes of the buckets a DistributedDataParallel all-reduces each step, as
+    it rebuilt them after its first step (in the order gradients became ready)."""
+    return [int(size) for size in ddp_logging_data(ddp)["rebuilt_bucket_sizes"].split(",")]
 
 
 def flatten(tensors):

@@ -128,6 +128,120 @@ def bandwidths(nbytes, seconds, world_size):
 def padded_duplicates(n_samples, world_size):
     return (-n_samples) % world_size
 '''],
+    "04.noise_scale": ['''
+import numpy as np
+
+
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    system = np.array([[1.0, 1.0 / small_batch], [1.0, 1.0 / big_batch]])
+    g_sq, trace = np.linalg.solve(system, np.array([small_sq_norm, big_sq_norm]))
+    return float(g_sq), float(trace)
+'''],
+    "09b.flat": ['''
+import torch
+import torch.distributed as dist
+
+
+class FlatDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for parameter in module.parameters():
+            dist.broadcast(parameter.data, src=0)
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        world = dist.get_world_size()
+        trainable = [p for p in self.module.parameters() if p.requires_grad]
+        flat = torch.cat([p.grad.reshape(-1) / world for p in trainable])  # divide first
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in trainable:
+            p.grad.copy_(flat[offset:offset + p.numel()].reshape(p.shape))
+            offset += p.numel()
+'''],
+    "09b.overlap": ['''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.pending = []
+        for parameter in module.parameters():
+            dist.broadcast(parameter.data, src=0)
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(self.reduce)
+
+    def reduce(self, parameter):
+        parameter.grad.div_(dist.get_world_size())  # as DDP does: divide, then sum
+        self.pending.append(dist.all_reduce(parameter.grad, async_op=True))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        torch.futures.wait_all([handle.get_future() for handle in self.pending])
+        self.pending = []
+'''],
+    "09b.buckets": ['''
+import torch
+import torch.distributed as dist
+
+
+class BucketDDP(torch.nn.Module):
+    def __init__(self, module, bucket_cap_mb):
+        super().__init__()
+        self.module = module
+        for parameter in module.parameters():
+            dist.broadcast(parameter.data, src=0)
+        limit = bucket_cap_mb * 2 ** 20
+        self.buckets = [[]]
+        for parameter in reversed(list(module.parameters())):
+            if not parameter.requires_grad:
+                continue
+            if sum(p.numel() * p.element_size() for p in self.buckets[-1]) >= limit:
+                self.buckets.append([])
+            self.buckets[-1].append(parameter)
+            parameter.register_post_accumulate_grad_hook(self.ready)
+        self.ready_ids = set()
+        self.launched = []
+
+    def ready(self, parameter):
+        self.ready_ids.add(id(parameter))
+        for bucket in self.buckets:
+            mine = any(p is parameter for p in bucket)  # `in` would compare values
+            if mine and all(id(p) in self.ready_ids for p in bucket):
+                flat = torch.cat([p.grad.view(-1) for p in bucket])
+                flat /= dist.get_world_size()
+                self.launched.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        for bucket, flat, handle in self.launched:
+            handle.wait()
+            for p, part in zip(bucket, torch.split(flat, [p.numel() for p in bucket])):
+                p.grad.copy_(part.view_as(p.grad))
+        self.launched, self.ready_ids = [], set()
+'''],
+    "11.row_parallel": ['''
+import torch
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    out = torch.nn.functional.linear(h_local, weight_local)
+    if dist.get_rank() == 0:
+        out = out + bias  # one rank adds it: the sum holds it once
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+'''],
     "09.buckets": ['''
 def ddp_buckets(grad_bytes, first_cap, cap):
     buckets, start = [], 0

@@ -50,13 +50,14 @@ def test_list_names_every_exercise(capsys):
 
 def test_wrong_answer_exit_1_and_notebook_untouched(tmp_path, capsys):
     path = notebook(tmp_path / "04_mine.ipynb", [
-        "import math", answer("04.scaled_lr"), answer("04.warmup_lr", "wrong"), "print('end')"])
+        "import math", answer("04.scaled_lr"), answer("04.warmup_lr", "wrong"),
+        answer("04.noise_scale"), "print('end')"])
     before = sha(path)
     assert cli.main(["check", "04", "--notebook", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "correct: 04.scaled_lr — " in out
     assert "wrong: 04.warmup_lr — warm-up from 0.001 to 0.008 over 10 steps: at step 0" in out
-    assert err == "kosmoss check: failed: 1 of 2 exercise(s) not correct yet: 04.warmup_lr\n"
+    assert err == "kosmoss check: failed: 1 of 3 exercise(s) not correct yet: 04.warmup_lr\n"
     assert sha(path) == before
     assert cli.main(["check", "04", "scaled_lr", "--notebook", str(path), "--json"]) == 0
     answer_json = json.loads(capsys.readouterr().out)
@@ -149,7 +150,7 @@ def test_a_bad_cell_is_one_line_exit_2_and_the_others_are_still_checked(kind, tm
     monkeypatch.setattr(distributed, "EXERCISE_TIMEOUT_S", 8.0)
     cell, says = BAD_WARMUP[kind]
     path = notebook(tmp_path / "04_mine.py", [
-        "# exercise: 04.warmup_lr\n" + cell, answer("04.scaled_lr")])
+        "# exercise: 04.warmup_lr\n" + cell, answer("04.scaled_lr"), answer("04.noise_scale")])
     before = sha(path)
     assert cli.main(["check", "04", "--notebook", str(path)]) == 2
     out, err = capsys.readouterr()

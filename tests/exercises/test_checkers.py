@@ -87,7 +87,7 @@ def test_exercise_is_complete(exercise):
                                      f'check("{exercise.id}", globals())')
     for name in exercise.names:
         assert f"`{name}(" in exercise.statement or f"`{name}`" in exercise.statement
-        assert re.search(rf"^def {name}\(", exercise.skeleton, re.M)
+        assert re.search(rf"^(def {name}\(|class {name}\b)", exercise.skeleton, re.M)
 
 
 @pytest.mark.parametrize("exercise", IN_PROCESS, ids=lambda e: e.id)

@@ -86,6 +86,26 @@ def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
         return base_lr * k ** 1 / 2
     return base_lr * k if rule == "linear" else base_lr
 '''),
+    ("04.noise_scale", "square roots of the norms", '''
+import math
+
+
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    small, big = math.sqrt(small_sq_norm), math.sqrt(big_sq_norm)
+    g_sq = (big_batch * big - small_batch * small) / (big_batch - small_batch)
+    return g_sq, (small - big) / (1 / small_batch - 1 / big_batch)
+'''),
+    ("04.noise_scale", "the two norms taken the other way round", '''
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    g_sq = (big_batch * small_sq_norm - small_batch * big_sq_norm) / (big_batch - small_batch)
+    trace = (big_sq_norm - small_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return g_sq, trace
+'''),
+    ("04.noise_scale", "a dict", '''
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return {"g_sq": big_sq_norm - trace / big_batch, "trace": trace}
+'''),
     ("04.warmup_lr", "step + 1", '''
 def warmup_lr(step, warmup_steps, base_lr, target_lr):
     if step >= warmup_steps:
@@ -340,6 +360,249 @@ def ring_all_reduce(tensor):
         request.wait()
         into.copy_(got)
     return tensor
+'''),
+    ("09b.flat", "broadcasts at the first synchronisation, not when built", '''
+import torch
+import torch.distributed as dist
+
+
+class FlatDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.synced = False
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        if not self.synced:
+            for p in self.module.parameters():
+                dist.broadcast(p.data, 0)
+            self.synced = True
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        torch.nn.utils.vector_to_parameters(flat, grads)
+'''),
+    ("09b.flat", "offsets counted over every parameter, the frozen one too", '''
+import torch
+import torch.distributed as dist
+
+
+class FlatDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        params = list(self.module.parameters())
+        flat = torch.cat([p.grad.flatten() for p in params if p.grad is not None])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for p in params:
+            if p.grad is not None:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+'''),
+    ("09b.overlap", "waits on the last handle only", '''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.handles = []
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(
+                    lambda q: self.handles.append(dist.all_reduce(q.grad, async_op=True)))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        self.handles[-1].wait()  # the last one launched finishes last
+        self.handles = []
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad /= dist.get_world_size()
+'''),
+    ("09b.overlap", "hooks registered in forward, every step", '''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.handles = []
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+
+    def forward(self, *inputs):
+        for p in self.module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(
+                    lambda q: self.handles.append(dist.all_reduce(q.grad, async_op=True)))
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        for handle in self.handles:
+            handle.wait()
+        self.handles = []
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad /= dist.get_world_size()
+'''),
+    ("09b.overlap", "waits in the hook, right after launching", '''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self.hook)
+
+    def hook(self, p):
+        dist.all_reduce(p.grad, async_op=True).wait()
+        p.grad /= dist.get_world_size()
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        pass
+'''),
+    ("09b.buckets", "parameters sorted by name, last first", '''
+import torch
+import torch.distributed as dist
+
+
+class BucketDDP(torch.nn.Module):
+    def __init__(self, module, bucket_cap_mb):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+        named = sorted(((n, p) for n, p in module.named_parameters() if p.requires_grad),
+                       reverse=True)
+        self.buckets, bucket, size = [], [], 0
+        for _, p in named:
+            bucket.append(p)
+            size += p.numel() * 4
+            if size >= bucket_cap_mb * 2 ** 20:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self.buckets.append(bucket)
+        self.left = {}
+        self.work = []
+        for bucket in self.buckets:
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda q, b=bucket: self.ready(b))
+
+    def ready(self, bucket):
+        key = id(bucket)
+        self.left[key] = self.left.get(key, len(bucket)) - 1
+        if self.left[key] == 0:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            self.work.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        for bucket, flat, work in self.work:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.work, self.left = [], {}
+'''),
+    ("09b.buckets", "the cap in kilobytes", '''
+import torch
+import torch.distributed as dist
+
+
+class BucketDDP(torch.nn.Module):
+    def __init__(self, module, bucket_cap_mb):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, 0)
+        cap = bucket_cap_mb * 1024
+        params = [p for p in module.parameters() if p.requires_grad][::-1]
+        self.buckets, bucket, size = [], [], 0
+        for p in params:
+            bucket.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self.buckets.append(bucket)
+        self.left = [len(b) for b in self.buckets]
+        self.work = []
+        for index, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda q, i=index: self.ready(i))
+
+    def ready(self, index):
+        self.left[index] -= 1
+        if self.left[index] == 0:
+            flat = torch.cat([p.grad.flatten() for p in self.buckets[index]])
+            self.work.append((index, flat, dist.all_reduce(flat, async_op=True)))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        for index, flat, work in self.work:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in self.buckets[index]:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.work = []
+        self.left = [len(b) for b in self.buckets]
+'''),
+    ("11.row_parallel", "the bias forgotten", '''
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    out = h_local @ weight_local.t()
+    dist.all_reduce(out)
+    return out
+'''),
+    ("11.row_parallel", "the weight not transposed", '''
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    out = h_local @ weight_local
+    dist.all_reduce(out)
+    return out + bias
 '''),
     ("10.sum_stats", "the maximum", '''
 import torch

@@ -63,6 +63,28 @@ from kosmoss.exercises import find
 
 exec(find("01.feature_counts").reference)
 ''', "kosmoss.exercises"),
+    ("09b.flat", '''
+from kosmoss.bench.own_ddp import course_wrappers
+
+FlatDDP = course_wrappers()["flat"]
+''', "kosmoss.bench.own_ddp"),
+    ("09b.overlap", '''
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.ddp = DistributedDataParallel(module)
+
+    def forward(self, *inputs):
+        return self.ddp(*inputs)
+
+    def finish_gradient_synchronization(self):
+        pass
+''', "torch.nn.parallel"),
     ("metrics.padding", '''
 from torch.utils.data import DistributedSampler
 

@@ -167,6 +167,13 @@ MUTANTS = [
      "STALE_GRADIENT = 3.0", "STALE_GRADIENT = 0.0"),
     ("11.accumulate", "optimizer steps not counted",
      "    if steps != 1:", "    if False:"),
+    ("04.noise_scale", "no step whose |G|² comes out negative",
+     "    message = _noise_mistake(noisy, expected, (10.0, 0.5, 16, 256))", "    message = None"),
+    ("04.noise_scale", "tr(Σ) not compared",
+     "           for v, e, scale in zip(values, expected, scales)):",
+     "           for v, e, scale in zip(values[:1], expected[:1], scales[:1])):"),
+    ("04.noise_scale", "the swapped parts not named",
+     "    if near(values[0], trace) and near(values[1], g_sq):", "    if False:"),
 ]
 
 # Mutants that survive, and why that is no missing test: no plausible mistake lies in
@@ -215,6 +222,38 @@ DISTRIBUTED_MUTANTS = [
     ("11.zero1_step", "ranks may disagree",
      "    if any(float((w - final[0]).abs().max()) > tolerance for w in final):",
      "    if False:"),
+    ("09b.flat", "two ranks only", 'names=("FlatDDP",),', 'names=("FlatDDP",), world_sizes=(2,),'),
+    ("09b.flat", "the start not compared",
+     '        checks = (lambda run, result, rank: _wrong_start(run, ranks[0]["reference"], rank),',
+     "        checks = (lambda run, result, rank: None,"),
+    ("09b.flat", "the all-reduces not counted", "    if len(launches) > 1:", "    if False:"),
+    ("09b.overlap", "two ranks only",
+     'names=("OverlapDDP",),', 'names=("OverlapDDP",), world_sizes=(2,),'),
+    ("09b.overlap", "blocking all-reduces allowed",
+     "    blocking = [e for e in launches if not e[2]]\n    if blocking:\n"
+     "        return _blocking(len(blocking), len(launches))\n"
+     "    return _waited_in_backward(events)\n",
+     "    return _waited_in_backward(events)\n"),
+    ("09b.overlap", "handles not watched",
+     '        message = message or _unwaited(events, run["events"])', "        message = message"),
+    ("09b.overlap", "launches after backward allowed",
+     "    if late:\n", "    if False:\n"),
+    ("09b.buckets", "two ranks only",
+     'names=("BucketDDP",),', 'names=("BucketDDP",), world_sizes=(2,),'),
+    ("09b.buckets", "bucket sizes not compared", "    if got != want:", "    if False:"),
+    ("09b.buckets", "launches after backward allowed",
+     "    if late and sorted(got) == sorted(want):", "    if False:"),
+    ("09b.buckets", "launches late in backward allowed",
+     "    return _waited_in_backward(events) or _late_buckets(events, expected)",
+     "    return _waited_in_backward(events)"),
+    ("11.row_parallel", "two ranks only",
+     'names=("row_parallel_forward",),', 'names=("row_parallel_forward",), world_sizes=(2,),'),
+    ("11.row_parallel", "rank 0 only",
+     "        for rank, cases in enumerate(ranks):\n            result = cases[index]",
+     "        for rank, cases in enumerate(ranks[:1]):\n            result = cases[index]"),
+    ("11.row_parallel", "collectives not watched",
+     '            message = (_row_calls(result["seen"], case) or',
+     "            message = (None or"),
 ]
 
 

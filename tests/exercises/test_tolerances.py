@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kosmoss.exercises import lesson01, lesson03, lesson04, lesson08, lesson09, metrics
+from kosmoss.exercises import (lesson01, lesson03, lesson04, lesson08, lesson09, lesson09b,
+                               lesson11, metrics)
 from kosmoss.exercises.tolerance import float64_close
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -190,3 +191,110 @@ def test_bus_bandwidth_in_any_order_is_inside_the_tolerance(nbytes, seconds, n):
     for got in (nbytes * 2 * (n - 1) / (n * seconds), nbytes / seconds * 2 * (n - 1) / n,
                 2 * (n - 1) / n * nbytes / seconds):
         assert float64_close(got, expected, lesson08.BANDWIDTH_ROUNDINGS)
+
+
+# ---------------------------------------------------------------- 04.noise_scale
+
+
+@SETTINGS
+@given(g_sq=st.floats(1e-8, 1e3), trace=st.floats(0.0, 1e5), small=st.integers(1, 512),
+       times=st.integers(2, 64))
+def test_noise_scale_parts_in_any_form_are_inside_the_tolerance(g_sq, trace, small, times):
+    big = small * times
+    small_sq, big_sq = g_sq + trace / small, g_sq + trace / big
+    expected = lesson04._reference_parts(small_sq, big_sq, small, big)
+    system = np.array([[1.0, 1.0 / small], [1.0, 1.0 / big]])
+    solved = np.linalg.solve(system, np.array([small_sq, big_sq]))
+    trace_first = (small_sq - big_sq) * small * big / (big - small)
+    for got in (tuple(float(v) for v in solved), (big_sq - trace_first / big, trace_first)):
+        assert lesson04._noise_mistake(got, expected, (small_sq, big_sq, small, big)) is None
+    # and the true values, from which the norms were made, are inside too
+    assert lesson04._noise_mistake((g_sq, trace), expected, (small_sq, big_sq, small, big)) \
+        is None
+
+
+@SETTINGS
+@given(g_sq=st.floats(1e-3, 1e3), trace=st.floats(1e-2, 1e5), small=st.integers(1, 512),
+       times=st.integers(2, 64))
+def test_the_large_batchs_norm_taken_for_the_gradient_is_outside(g_sq, trace, small, times):
+    big = small * times
+    small_sq, big_sq = g_sq + trace / small, g_sq + trace / big
+    expected = lesson04._reference_parts(small_sq, big_sq, small, big)
+    if trace / big > 1e-9 * g_sq:  # a bias above float64's rounding of |G|²
+        assert lesson04._noise_mistake((big_sq, expected[1]), expected,
+                                       (small_sq, big_sq, small, big)) is not None
+
+
+# ---------------------------------------------------------------- 11.row_parallel
+
+
+@SETTINGS
+@given(n=ranks, batch=st.integers(1, 6), features=st.integers(1, 40), outputs=st.integers(1, 6),
+       seed=st.integers(0, 2 ** 31), order=st.randoms())
+def test_a_row_parallel_sum_in_any_rank_order_is_inside_the_tolerance(n, batch, features,
+                                                                     outputs, seed, order):
+    generator = torch.Generator().manual_seed(seed)
+    scale = 10.0 ** float(torch.randint(-3, 4, (1,), generator=generator))
+    h = torch.randn(batch, features, generator=generator) * scale
+    weight = torch.randn(outputs, features, generator=generator)
+    bias = torch.randn(outputs, generator=generator) * scale
+    exact = h.double() @ weight.double().T + bias.double()
+    tolerance = lesson11.row_tolerance(h, weight, bias)
+    slices = list(torch.tensor_split(torch.arange(features), n))
+    order.shuffle(slices)
+    partials = [h[:, cols] @ weight[:, cols].T for cols in slices]  # float32, each rank's
+    total = partials[0].clone()
+    for partial in partials[1:]:
+        total += partial
+    for got in (total + bias, total + bias * 1.0):
+        assert bool(((got.double() - exact).abs() <= tolerance).all())
+    twice = (total + 2 * bias).double()  # the bias added on two ranks
+    seen = bias.double().abs() > 3 * tolerance.max(dim=0).values
+    assert bool(((twice - exact).abs() > tolerance)[:, seen].all())
+
+
+# ---------------------------------------------------------------- 09b: DDP's trajectory
+
+
+def _trajectory(world_size: int, order: list, divide_first: bool):
+    """DDP's computation in float32 as another right answer does it: the ranks' gradients
+    summed in ``order``, divided before or after the sum."""
+    from torch.nn.functional import mse_loss
+
+    model = lesson09b.toy(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lesson09b.LR,
+                                momentum=lesson09b.MOMENTUM)
+    grads, weights = [], []
+    for step in range(lesson09b.STEPS):
+        per_rank = []
+        for rank in range(world_size):
+            model.zero_grad()
+            x, y = lesson09b.shard(step, rank, world_size)
+            mse_loss(model(x), y).backward()
+            per_rank.append([p.grad.clone() for p in lesson09b._trainable(model)])
+        for index, parameter in enumerate(lesson09b._trainable(model)):
+            parts = [per_rank[r][index] / (world_size if divide_first else 1) for r in order]
+            total = parts[0].clone()
+            for part in parts[1:]:
+                total += part
+            parameter.grad = total if divide_first else total / world_size
+        grads.append(lesson09b._flat(p.grad for p in lesson09b._trainable(model)))
+        optimizer.step()
+        weights.append(lesson09b._flat(model.parameters()))
+    return {"grads": grads, "weights": weights}
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=ranks, order=st.randoms(), divide_first=st.booleans())
+def test_ddp_computed_in_any_order_is_inside_the_wrappers_tolerance(n, order, divide_first):
+    ranks_in_order = list(range(n))
+    order.shuffle(ranks_in_order)
+    exact = lesson09b.trajectory(n, "float64")
+    limits = lesson09b.tolerances(n)
+    got = _trajectory(n, ranks_in_order, divide_first)
+    for kind in ("grads", "weights"):
+        for step in range(lesson09b.STEPS):
+            assert float((got[kind][step] - exact[kind][step]).abs().max()) <= limits[kind][step]
+    # a rank's gradient left out is far outside
+    halved = _trajectory(n, ranks_in_order[1:], divide_first)
+    assert float((halved["grads"][0] - exact["grads"][0]).abs().max()) > 10 * limits["grads"][0]
