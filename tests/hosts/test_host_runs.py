@@ -5,7 +5,6 @@ interface, a cut link and a lost host end as the reliability contract says
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time

@@ -2,7 +2,6 @@
 leaving it out changes nothing a run records."""
 from datetime import timedelta
 
-import pytest
 import pytorch_lightning as pl
 
 from kosmoss.run import RunConfig

@@ -3,8 +3,6 @@ that gives an Outcome, a report that writes result.json."""
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
