@@ -34,6 +34,7 @@ import collections
 import ctypes
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,13 @@ START_ALLOWANCE_S = 180.0  # fresh interpreters importing torch on a busy laptop
 PRINT_LIMIT_BYTES = 2 ** 20  # what one exercise's processes may print (a debug print is fine)
 TAIL_BYTES = 4096
 POLL_S = 0.1
+END_MARK_START, END_MARK_END = b"\x1ekosmoss-task-done:", b"\x1e\n"  # never typed by a learner
+END_MARK = re.compile(re.escape(END_MARK_START) + rb"(\d+)" + re.escape(END_MARK_END))
+END_MARK_MAX = len(END_MARK_START) + 8 + len(END_MARK_END)
+PARTIAL_MARK = re.compile(  # what a chunk may end with while its mark is not complete
+    b"|".join(re.escape(END_MARK_START[:n]) for n in range(1, len(END_MARK_START)))
+    + b"|" + re.escape(END_MARK_START) + rb"\d*\x1e?")
+RANK_PREFIX = re.compile(r"^(\s*\[rank\d+\]:)+")  # torch.distributed's excepthook
 PR_SET_PDEATHSIG = 1
 STOPPED = ("raised", "not-answered", "used-reference")  # no point in a larger world size
 LEFT_ALONE = "was left alone in a collective"
@@ -140,7 +148,7 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
     """Follow the launch task by task; stop it when an exercise runs past its time or a
     process ends before the last task. Returns (item, why) of that exercise, or None."""
     started = time.monotonic()
-    current, since, printed = None, None, 0
+    current, since = None, None
     while True:
         counts = [_count(scratch, rank) for rank in range(len(ranks))]
         ended = _ended(ranks, counts, len(tasks))
@@ -151,17 +159,21 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
                 return tasks[0].item, (f"the checker's process {rank} could not start "
                                        f"(exit code {code}: {said or 'no message'})")
             return tasks[min(counts[rank], len(tasks) - 1)].item, _ended_why(rank, code, said)
-        if current is not None and _printed(tails) - printed > PRINT_LIMIT_BYTES:
-            return current, (f"printed more than {PRINT_LIMIT_BYTES // 2 ** 20} MiB: the "
-                             "checker shows none of it — take the prints out of the loops")
+        running = None if None in counts or min(counts) == len(tasks) else \
+            tasks[min(counts)].item
+        if running is not None and running != current:
+            current, since = running, time.monotonic()
+        flooded = _flooded(tails, len(tasks))
+        if flooded is not None:
+            return tasks[flooded].item, (f"printed more than {PRINT_LIMIT_BYTES // 2 ** 20} MiB:"
+                                         " the checker shows none of it — take the prints out "
+                                         "of the loops")
         if None in counts:  # still importing torch, meeting at the store
             if time.monotonic() - started > START_ALLOWANCE_S:
                 return tasks[0].item, (f"the checker's processes did not start within "
                                        f"{START_ALLOWANCE_S:.0f} s (a very busy machine?)")
         elif min(counts) == len(tasks):
             return None
-        elif tasks[min(counts)].item != current:
-            current, since, printed = tasks[min(counts)].item, time.monotonic(), _printed(tails)
         elif time.monotonic() - since > exercise_s:
             return current, (f"did not finish within {exercise_s:.0f} s (the checker's time "
                              "for one exercise): does your code loop forever, or wait for a "
@@ -169,8 +181,14 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
         time.sleep(POLL_S)
 
 
-def _printed(tails) -> int:
-    return sum(tail.total for pair in tails for tail in pair)
+def _flooded(tails, tasks: int) -> Optional[int]:
+    """The task whose processes printed more than PRINT_LIMIT_BYTES, if one did."""
+    printed = collections.Counter()
+    for pair in tails:
+        for tail in pair:
+            printed.update(tail.by_task)
+    over = [task for task, count in printed.items() if count > PRINT_LIMIT_BYTES]
+    return min(min(over), tasks - 1) if over else None
 
 
 def _ended(ranks, counts, total: int):
@@ -218,26 +236,69 @@ def _read(scratch: Path, rank: int) -> list:
 
 
 class _Tail:
-    """The last bytes a process writes to a pipe and how many in all, read as it writes
-    (it never blocks on a full pipe, and megabytes of output cost no memory)."""
+    """The last bytes a process writes to a pipe, and how many it wrote during each task
+    (split at the marks :func:`_mark_end` writes), read as it writes: it never blocks on
+    a full pipe, and megabytes of output cost no memory."""
 
     def __init__(self, pipe):
-        self._kept = collections.deque(maxlen=TAIL_BYTES)
-        self.total = 0
+        self._kept = b""
+        self._pending = b""  # the start of a mark the next chunk may complete
+        self.task = 0
+        self.by_task: Dict[int, int] = collections.Counter()
         self._thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
         self._thread.start()
 
     def _drain(self, pipe) -> None:
         for chunk in iter(lambda: pipe.read1(65536), b""):
-            self._kept.extend(chunk)
-            self.total += len(chunk)
+            self._take(self._pending + chunk)
+        self._take(self._pending, final=True)
         pipe.close()
+
+    def _take(self, data: bytes, final: bool = False) -> None:
+        start = 0
+        for mark in END_MARK.finditer(data):
+            self._count(data[start:mark.start()])
+            self.task = int(mark.group(1)) + 1
+            start = mark.end()
+        data = data[start:]
+        cut = len(data) if final else _mark_start(data)
+        self._count(data[:cut])
+        self._pending = data[cut:]
+
+    def _count(self, data: bytes) -> None:
+        self.by_task[self.task] += len(data)
+        self._kept = (self._kept + data)[-TAIL_BYTES:]
 
     def last_line(self) -> str:
         self._thread.join(timeout=1)
-        text = bytes(self._kept).decode(errors="replace")
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        text = self._kept.decode(errors="replace")
+        # torch's excepthook prefixes every line with "[rankN]: " (once per process group
+        # the process made): the words after the prefixes are the message.
+        lines = [RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
+        lines = [line for line in lines if line]
         return lines[-1][:200] if lines else ""
+
+
+def _mark_start(data: bytes) -> int:
+    """Where an end mark the next chunk may complete starts in ``data`` (its length if
+    none does)."""
+    window = max(0, len(data) - END_MARK_MAX)
+    for cut in range(window, len(data)):
+        if data[cut] == END_MARK_START[0] and PARTIAL_MARK.fullmatch(data[cut:]):
+            return cut
+    return len(data)
+
+
+def _mark_end(index: int) -> None:
+    """After task ``index``: flush what it printed, then mark its end on both streams, so
+    that the checker charges every byte before the mark to that task (polling the counts
+    would charge a quick task's flood to the one before it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)  # C code's buffered prints (printf) too
+    mark = END_MARK_START + f"{index}".encode() + END_MARK_END
+    for fd in (1, 2):
+        os.write(fd, mark)
 
 
 # ---------------------------------------------------------------- in each process
@@ -260,6 +321,7 @@ def main(scratch: str, rank: int) -> None:
     _write(folder, rank, done)
     for index, task in enumerate(job["tasks"]):
         done.append(_run_task(task, index, rank, store, job["collective_s"]))
+        _mark_end(index)
         if task.world_size:
             _barrier(store, index, processes)
         _write(folder, rank, done)
@@ -272,12 +334,14 @@ def _run_task(task: Task, index: int, rank: int, store, collective_s: float) -> 
         return _judge_here(task) if rank == 0 else Outcome("skipped")
     if rank >= task.world_size or store.check([f"stop{task.item}"]):
         return Outcome("skipped")
+    hook = sys.excepthook  # init_process_group wraps it anew each time: one task, one wrap
     dist.init_process_group("gloo", store=dist.PrefixStore(f"task{index}", store), rank=rank,
                             world_size=task.world_size, timeout=timedelta(seconds=collective_s))
     try:
         outcome = _rank_task(task, rank, collective_s)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
     if outcome.kind in STOPPED:
         store.set(f"stop{task.item}", outcome.kind)
     return outcome

@@ -144,6 +144,23 @@ BAD_WARMUP = {
 
 
 @pytest.mark.slow
+def test_a_flood_is_charged_to_the_cell_that_prints_not_to_the_one_before(tmp_path, capsys,
+                                                                          monkeypatch):
+    # The checker looks every POLL_S: a right cell that takes a while, then a flood that
+    # starts between two looks; the look that sees the flood also sees the switch.
+    monkeypatch.setattr(distributed, "POLL_S", 1.0)
+    slow_right = "import time\ntime.sleep(2.5)\n" + answer("04.scaled_lr").split("\n", 1)[1]
+    path = notebook(tmp_path / "04_mine.py", [
+        "# exercise: 04.scaled_lr\n" + slow_right,
+        "# exercise: 04.warmup_lr\n" + BAD_WARMUP["prints megabytes"][0],
+        answer("04.noise_scale")])
+    assert cli.main(["check", "04", "--notebook", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "correct: 04.scaled_lr — " in out, (out, err)
+    assert err.startswith("kosmoss check: error: 04.warmup_lr — printed more than 1 MiB"), err
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", BAD_WARMUP)
 def test_a_bad_cell_is_one_line_exit_2_and_the_others_are_still_checked(kind, tmp_path, capsys,
                                                                        monkeypatch):
