@@ -28,7 +28,7 @@
 #   size (McCandlish et al., 2018), measured during this lesson's own runs from the
 #   gradient norms of the micro-batches and of their average, and set against the table.
 #
-# Time: ~30 min; the cells run in ~10 min on 2 CPU cores
+# Time: ~30 min; the cells run in ~3 min on 2 CPU cores
 
 # %%
 import math
