@@ -186,7 +186,8 @@ def _flooded(tails, tasks: int) -> Optional[int]:
     printed = collections.Counter()
     for pair in tails:
         for tail in pair:
-            printed.update(tail.by_task)
+            for task, count in list(tail.by_task.items()):  # one C call: its reader adds keys
+                printed[task] += count
     over = [task for task, count in printed.items() if count > PRINT_LIMIT_BYTES]
     return min(min(over), tasks - 1) if over else None
 
