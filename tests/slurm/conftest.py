@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kosmoss.launch.host_slurm import start_munge
 from kosmoss.launch.ports import free_port
 
 CONF = """ClusterName=kosmoss-test
@@ -37,17 +38,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _start_munge(env: dict) -> None:
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
-        return
-    if not Path("/etc/munge/munge.key").exists():
-        subprocess.run(["mungekey", "--create"], check=True)
-        shutil.chown("/etc/munge/munge.key", "munge", "munge")
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, env=env)
-
-
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """SLURM_CONF of a running one-node cluster; skipped where Slurm is not installed."""
@@ -62,7 +52,7 @@ def slurm(tmp_path_factory):
     env = {**os.environ, "SLURM_CONF": str(conf)}
     # The daemons outlive every test: none may look like a run of a test's KOSMOSS_HOME.
     daemon_env = {k: v for k, v in env.items() if not k.startswith("KOSMOSS_")}
-    _start_munge(daemon_env)
+    start_munge()  # kosmoss's own: munged as Debian's service starts it, without our marks
     subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=daemon_env)
     subprocess.run(["slurmd", "-f", str(conf)], check=True, env=daemon_env)
     try:
