@@ -28,7 +28,6 @@
 
 # %%
 import sys
-from pathlib import Path
 
 import matplotlib
 
@@ -38,7 +37,7 @@ import torch
 from IPython.display import Image, display
 
 from kosmoss.bench import ladder
-from kosmoss.bench.rungs import COMPILE_ALONE, RUNGS
+from kosmoss.bench.rungs import COMPILE_ALONE, RUNGS, rung
 from kosmoss.core.defaults import DEFAULT_HIDDEN
 from kosmoss.data.schema import ColumnSchema
 from kosmoss.data.sources import SyntheticSource
@@ -114,7 +113,13 @@ assert limit["limit_samples_per_s"] == min(limit["memory_bound_samples_per_s"],
 # - **compile**: `torch.compile` of the network;
 # - **graphs**: the whole step — gather, forward, backward, Adam — captured once in a CUDA
 #   graph and replayed: no Python, no kernel launch per step;
-# - **graphs-k8**: several steps a replay; then the same at a much larger batch.
+# - **graphs-k8**: several steps a replay;
+# - **bf16-store**: the inputs kept on the GPU already normalised and in bf16 — no
+#   per-step normalisation and cast of the batch, half the bytes gathered; then the same at
+#   a much larger batch.
+#
+# Each rung also has a limit of its own: the peak of the format its matmuls run in (fp32
+# matmuls run on the CUDA cores, not the tensor cores) and the bytes its inputs take.
 #
 # With a GPU the cell below runs the ladder live on a small dataset; without one it reads
 # the ladder recorded on a GPU by the GPU check's ladder profile (docs/gpu.md).
@@ -131,16 +136,28 @@ else:
     rows = record["figures"]["rows"]
     source = f"recorded on the {record['device']}, {record['date']}"
 
-print(f"{'rung':<12s} {'batch':>8s} {'M samples/s':>12s} {'x below':>8s} {'of the limit':>13s}")
+stored_costs = ladder.sample_costs(schema.n_x, DEFAULT_HIDDEN, schema.n_y, input_bytes=2)
+own = {row["rung"]: ladder.rung_bound(rung(row["rung"]), costs, stored_costs, limits)
+       for row in rows}
+print(f"{'rung':<12s} {'batch':>8s} {'M samples/s':>12s} {'x below':>8s} {'of the limit':>13s}"
+      f" {'of its own':>11s}  its own limit")
 below = None
 for row in rows:
-    speed = row["samples_per_s"]
+    speed, mine = row["samples_per_s"], own[row["rung"]]
     gain = f"{speed / below:.2f}" if below else ""
     share = speed / limit["limit_samples_per_s"]
     print(f"{row['rung']:<12s} {row['batch_size']:>8,} {speed / 1e6:>12.2f} {gain:>8s} "
-          f"{share:>13.1%}")
+          f"{share:>13.1%} {speed / mine['limit_samples_per_s']:>11.1%}  "
+          f"{mine['limit_samples_per_s'] / 1e6:,.0f} M ({mine['bound_by']})")
     below = speed
 print(f"({source})")
+fp32 = next(r for r in rows if r["rung"] == "resident")
+fp32_own = own["resident"]
+print(f"the fp32 rung '{fp32['rung']}' is held by {fp32_own['bound_by']} at "
+      f"{fp32_own['limit_samples_per_s'] / 1e6:,.0f} M samples/s and reaches "
+      f"{fp32['samples_per_s'] / fp32_own['limit_samples_per_s']:.0%} of it; the memory bound "
+      f"of the same data is {fp32_own['memory_bound_samples_per_s'] / 1e6:,.0f} M")
+assert fp32_own["limit_samples_per_s"] <= limit["memory_bound_samples_per_s"]
 
 # %%
 labels = [f"{r['rung']}\n{r['batch_size']:,}" for r in rows]
@@ -185,9 +202,10 @@ assert best["samples_per_s"] < limit["limit_samples_per_s"]  # no rung beats the
 # normalisation reads and writes it, autocast writes a bf16 copy, the first layer's matmul
 # reads it and its weight gradient reads it again. And at this model's widths the
 # kernels are small for a GPU: the largest gains come from what removes work around them
-# (copies from the host, Python and launches), not from faster arithmetic. The next
-# rungs, not built yet: the data stored on the GPU already normalised and in bf16, and
-# the gather fused into the first layer.
+# (copies from the host, Python and launches), not from faster arithmetic. The
+# `bf16-store` rung takes out the normalisation's and the cast's passes over the batch and
+# halves the bytes the gather and the first layer read; the gather fused into the first
+# layer, which would read each input once, is not built.
 #
 # ## The rungs a CPU can run
 #
@@ -215,14 +233,35 @@ for name, row in on_cpu.items():
     assert abs(row["val_loss"] / first["val_loss"] - 1) <= ladder.TRAINED_LOSS_TOLERANCE, name
 
 # %% [markdown]
+# The `bf16-store` rung's promise — the same training, only faster — can be checked on a
+# CPU too: a bf16 step normalises its batch in float32 and autocast rounds the result to
+# bf16 at the first layer; stored inputs are those same bf16 values, made once. The
+# losses must agree to the last bit.
+
+# %%
+import dataclasses
+
+stored_rung = dataclasses.replace(rung("bf16"), name="bf16-store (CPU)", bf16_store=True)
+casting = on_cpu["bf16"]
+stored = ladder.run_rung(limit_setup(small, 128, cpu, 42), stored_rung, 128, 40, cpu)
+same = stored["train_losses"] == casting["train_losses"] and \
+    stored["val_loss"] == casting["val_loss"]
+print(f"{len(stored['train_losses'])} steps: losses of the stored inputs "
+      f"{'identical to' if same else 'DIFFERENT from'} the casting rung's; "
+      f"val_loss {stored['val_loss']:.6f} vs {casting['val_loss']:.6f}")
+assert same
+
+# %% [markdown]
 # ## kosmoss at the top of the ladder
 #
 # The run path takes what the ladder found as flags of the training scripts: the data on
 # the GPU (`--mode auto` puts it there when it fits), Adam's fused kernel on CUDA,
 # several optimizer steps per step of Lightning's loop (`--steps-per-execution`), and
 # `--compile` and `--cuda-graphs` — a chunk of steps replayed from one CUDA graph, each
-# batch gathered inside it. `kosmoss bench --only ladder-graphs-k8 kosmoss-gpu-top` puts
-# kosmoss beside the rung with the same features; docs/gpu.md says how far it got.
+# batch gathered inside it; with `--precision bf16-mixed` the replays gather from inputs
+# stored in bf16, as the top rung does. `kosmoss bench --only ladder-bf16-store
+# kosmoss-gpu-top` puts kosmoss beside the rung with the same features; docs/gpu.md says
+# how far it got.
 
 # %%
 import subprocess

@@ -234,7 +234,7 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
                       --steps 100 --repeats 1 --json "$SCRATCH/anatomy.json") ;;
         ladder) CMD=("$PY" -m kosmoss.bench.ladder --device cuda
                      --dataset "$SCRATCH/home/data/$DATASET" --batch-size "$GPU_BATCH"
-                     $LADDER_BATCHES --steps 300 --out "$SCRATCH/ladder.json") ;;
+                     $LADDER_BATCHES --steps 300 --also tf32 --out "$SCRATCH/ladder.json") ;;
         top) CMD=("$PY" -m kosmoss bench --only "${TOP_ROWS[@]}" --dataset "$DATASET"
                   --gpu-batch-size "$GPU_BATCH" --steps 300 --repeats 1 --out "$SCRATCH/bench") ;;
         lessons) CMD=("$PY" "$HELPER" lessons "$SCRATCH" "$OUT_DIR")
@@ -559,13 +559,15 @@ def ladder_targets(rows, ladder):
     if not ladder:
         return []
     out, limit = [], ladder.get("limit_samples_per_s")
-    rungs = {(r["rung"], r["batch_size"]): r for r in ladder.get("rows", [])}
+    on_ladder = [r for r in ladder.get("rows", []) if not r.get("off_ladder")]
+    top = on_ladder[-1]["rung"] if on_ladder else None  # the rung kosmoss-gpu-top copies
+    rungs = {(r["rung"], r["batch_size"]): r for r in on_ladder}
     for row_id in ("kosmoss-gpu-top", "kosmoss-gpu-top-max"):
         mine = rows.get(row_id)
-        raw = rungs.get(("graphs-k8", mine["batch_size"])) if mine else None
+        raw = rungs.get((top, mine["batch_size"])) if mine else None
         if mine and raw and raw.get("samples_per_s"):
             ratio = mine["samples_per_s"] / raw["samples_per_s"]
-            out.append(f"- {row_id} ÷ the graphs-k8 rung, batch {mine['batch_size']:,}: "
+            out.append(f"- {row_id} ÷ the {top} rung, batch {mine['batch_size']:,}: "
                        f"{ratio:.2f} (target ≥ 0.90: {'met' if ratio >= 0.9 else 'missed'}).")
     best = max((rows[r]["samples_per_s"] for r in ("kosmoss-gpu-top", "kosmoss-gpu-top-max")
                 if r in rows), default=None)

@@ -215,3 +215,37 @@ def test_the_scripts_parse(script):
     checked = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True,
                              text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def helper_module(tmp_path):
+    """The script's Python half, as write_helper writes it, imported."""
+    import importlib.util
+
+    script = (SCRIPTS / "gpu_check.sh").read_text()
+    start = script.index("<<'PYTHON'\n", script.index("write_helper() {")) + len("<<'PYTHON'\n")
+    path = tmp_path / "gpu_check_helper.py"
+    path.write_text(script[start:script.index("\nPYTHON\n", start)])
+    spec = importlib.util.spec_from_file_location("gpu_check_helper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kosmoss_at_the_top_is_set_against_the_ladders_last_rung(tmp_path):
+    """The report's target line takes the top rung from the ladder it reads (its last
+    rung on the ladder, not an off-ladder row measured after it), at kosmoss's own batch."""
+    helper = helper_module(tmp_path)
+    ladder = {"limit_samples_per_s": 100e6, "rows": [
+        {"rung": "graphs-k8", "batch_size": 16384, "samples_per_s": 11e6},
+        {"rung": "bf16-store", "batch_size": 16384, "samples_per_s": 20e6},
+        {"rung": "bf16-store", "batch_size": 131072, "samples_per_s": 40e6},
+        {"rung": "tf32", "batch_size": 16384, "samples_per_s": 9e6, "off_ladder": True}]}
+    rows = {"kosmoss-gpu-top": {"batch_size": 16384, "samples_per_s": 19e6},
+            "kosmoss-gpu-top-max": {"batch_size": 131072, "samples_per_s": 30e6}}
+    lines = helper.ladder_targets(rows, ladder)
+    assert lines[0] == ("- kosmoss-gpu-top ÷ the bf16-store rung, batch 16,384: 0.95 "
+                        "(target ≥ 0.90: met).")
+    assert lines[1].startswith("- kosmoss-gpu-top-max ÷ the bf16-store rung, batch 131,072: "
+                               "0.75") and "missed" in lines[1]
+    assert lines[2] == ("- kosmoss bf16, fastest: 30.0 M samples/s, 30.0% of the limit "
+                        "(target ≥ 20 M: met).")

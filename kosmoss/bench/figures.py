@@ -22,6 +22,7 @@ import math
 import statistics
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from .rungs import TOP
 from .setups import Setup
 
 TARGET_MARGIN = 1.05
@@ -226,7 +227,7 @@ CHECKS: List[Check] = [
           lambda v: v >= 2_000_000, ("nodes-gpu-2x1",)),
     Check("kosmoss at the ladder's top ÷ the raw rung with the same features, same batch",
           ">= 0.90", lambda rows: _row_figure(rows, "kosmoss-gpu-top", "ratio"),
-          lambda v: v >= 0.90, ("kosmoss-gpu-top", "ladder-graphs-k8")),
+          lambda v: v >= 0.90, ("kosmoss-gpu-top", f"ladder-{TOP.name}")),
     Check("kosmoss bf16 on 1 GPU, its fastest set-up: samples/s", ">= 20,000,000",
           lambda rows: _best(rows, ("kosmoss-gpu-top", "kosmoss-gpu-top-max")),
           lambda v: v >= 20_000_000, ("kosmoss-gpu-top",)),

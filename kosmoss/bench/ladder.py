@@ -11,13 +11,22 @@ Rungs, each adding one change to the one before (:data:`RUNGS`):
 - ``compile``: + ``torch.compile`` of the network (inductor fuses its elementwise work);
 - ``graphs``: + the whole step (batch gather, forward, backward, Adam) captured once in a
   CUDA graph and replayed: no Python and no kernel launches per step;
-- ``graphs-k8``: + 8 steps per graph replay.
+- ``graphs-k8``: + 8 steps per graph replay;
+- ``bf16-store``: + the inputs held on the GPU already normalised, in bfloat16: no
+  per-step normalisation and cast of the batch, half the bytes gathered. Exact: autocast
+  would cast the same normalised float32 values to the same bfloat16 ones.
+
+Off the ladder: ``compile-fp32`` (the CPU bench's compile row) and ``tf32`` (the eager
+fp32 loop with TF32 matmuls: float32's own tensor-core path).
 
 The limit (:func:`device_limits`, :func:`sample_costs`): a step must read every sample's
 inputs and targets once from the GPU's memory (``bytes_per_sample`` ÷ memory bandwidth)
 and do its arithmetic (``flop_per_sample`` ÷ the dense bf16 tensor-core peak); the larger
 of the two times bounds samples/s. The bandwidth is read from the device (NVML: memory
-clock × bus width), the peak from NVIDIA's datasheets; both printed with their source.
+clock × bus width), the peaks from NVIDIA's datasheets; both printed with their source.
+Each rung also has a limit of its own (:func:`rung_bound`): its arithmetic's peak (fp32
+matmuls run on CUDA cores, at about a fifteenth of bf16's tensor-core peak on an H100)
+and the bytes its inputs take (half for ``bf16-store``).
 
 Every rung trains on the same batches in the same order as the raw loop
 (:func:`kosmoss.bench.baselines.limit_setup`), and its validation loss stays within the
@@ -33,7 +42,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,6 +52,7 @@ from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import UsageError
 from ..data.loading import SPLITS, split_indices
 from ..data.store import open_dataset
+from ..run.graphs import bf16_inputs
 from ..run.throughput import StepClock
 from .baselines import Limit, _validate, limit_setup
 from .rungs import RUNG_NAMES, RUNGS, Rung, rung
@@ -59,44 +69,82 @@ TRAINED_LOSS_TOLERANCE = 0.25
 # ---- the limit
 
 
-def sample_costs(n_x: int, hidden: Sequence[int], n_y: int) -> Dict[str, float]:
-    """What one training sample costs at least: the bytes of its inputs and targets read
-    once (float32), and the multiply-adds × 2 of forward (every layer) and backward (each
-    weight's gradient, and the gradient of every layer's input but the first's)."""
+def sample_costs(n_x: int, hidden: Sequence[int], n_y: int,
+                 input_bytes: int = 4) -> Dict[str, float]:
+    """What one training sample costs at least: the bytes of its inputs (``input_bytes``
+    each: 4 as prepared, 2 stored in bf16) and float32 targets read once, and the
+    multiply-adds × 2 of forward (every layer) and backward (each weight's gradient, and the
+    gradient of every layer's input but the first's)."""
     sizes = [n_x, *hidden, n_y]
     layers = list(zip(sizes[:-1], sizes[1:]))
     forward = sum(2 * i * o for i, o in layers)
     backward = forward + sum(2 * i * o for i, o in layers[1:])
-    return {"bytes_per_sample": 4.0 * (n_x + n_y), "forward_flop_per_sample": float(forward),
+    return {"bytes_per_sample": float(input_bytes * n_x + 4 * n_y),
+            "forward_flop_per_sample": float(forward),
             "flop_per_sample": float(forward + backward),
             "parameters": float(sum(i * o + o for i, o in layers))}
 
 
-# NVIDIA's datasheets: dense bf16 tensor-core peak and memory bandwidth (SXM boards).
+class Sheet(NamedTuple):
+    """A GPU's dense peaks (FLOP/s) per matmul format and its memory bandwidth (bytes/s)."""
+
+    fp32: float  # CUDA cores: float32 matmuls at torch's default precision ("highest")
+    tf32: float
+    bf16: float
+    bandwidth: float
+    source: str
+
+
+# NVIDIA's datasheets, dense figures (the sheets print TF32 and BF16 "with sparsity", twice
+# these). Lightning's get_available_flops holds the same figures for these chips but finds
+# no entry for a device named "NVIDIA H200", and lists the H200's sparse ones: hence a table
+# here (tests/bench/test_ladder.py checks it against Lightning's where both have a chip).
 DATASHEETS = {
-    "H200": (989e12, 4.8e12, "NVIDIA H200 datasheet: 989 TFLOPS dense BF16, 4.8 TB/s"),
-    "H100 80GB HBM3": (989e12, 3.35e12, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16, "
-                       "3.35 TB/s"),
-    "H100 PCIe": (756e12, 2.0e12, "NVIDIA H100 PCIe datasheet: 756 TFLOPS dense BF16, 2 TB/s"),
-    "A100-SXM4-80GB": (312e12, 2.039e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16, 2,039 GB/s"),
-    "A100-SXM4-40GB": (312e12, 1.555e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16, 1,555 GB/s"),
-    "L4": (121e12, 0.3e12, "NVIDIA L4 datasheet: 121 TFLOPS dense BF16, 300 GB/s"),
+    "H200": Sheet(67e12, 494.5e12, 989.5e12, 4.8e12, "NVIDIA H200 SXM datasheet: 67 TFLOPS "
+                  "FP32, 494.5 TF32, 989.5 BF16 dense; 4.8 TB/s"),
+    "H100 80GB HBM3": Sheet(66.9e12, 494.7e12, 989.4e12, 3.35e12, "NVIDIA H100 SXM datasheet: "
+                            "67 TFLOPS FP32, 494.7 TF32, 989.4 BF16 dense; 3.35 TB/s"),
+    "H100 PCIe": Sheet(51.2e12, 378e12, 756e12, 2.0e12, "NVIDIA H100 PCIe datasheet: 51 TFLOPS "
+                       "FP32, 378 TF32, 756 BF16 dense; 2 TB/s"),
+    "A100-SXM4-80GB": Sheet(19.5e12, 156e12, 312e12, 2.039e12, "NVIDIA A100 datasheet: 19.5 "
+                            "TFLOPS FP32, 156 TF32, 312 BF16 dense; 2,039 GB/s"),
+    "A100-SXM4-40GB": Sheet(19.5e12, 156e12, 312e12, 1.555e12, "NVIDIA A100 datasheet: 19.5 "
+                            "TFLOPS FP32, 156 TF32, 312 BF16 dense; 1,555 GB/s"),
+    "L4": Sheet(30.3e12, 60e12, 121e12, 0.3e12, "NVIDIA L4 datasheet: 30.3 TFLOPS FP32, 60 "
+                "TF32, 121 BF16 dense; 300 GB/s"),
 }
 
 
+def datasheet(device_name: str) -> Optional[Sheet]:
+    return next((v for k, v in DATASHEETS.items() if k in device_name), None)
+
+
 def device_limits(device: torch.device) -> Optional[Dict[str, object]]:
-    """Memory bandwidth and dense bf16 peak of a CUDA device, with where each came from;
+    """Memory bandwidth and dense peaks of a CUDA device, with where each came from;
     None on a CPU (the ladder's limit is a GPU's)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    sheet = next((v for k, v in DATASHEETS.items() if k in name), None)
+    sheet = datasheet(name)
     bandwidth, source = _nvml_bandwidth(device), "NVML: max memory clock × bus width × 2"
     if bandwidth is None and sheet:
-        bandwidth, source = sheet[1], sheet[2]
+        bandwidth, source = sheet.bandwidth, sheet.source
+    peaks = {k: getattr(sheet, k) for k in ("fp32", "tf32", "bf16")} if sheet else None
     return {"device": name, "memory_bandwidth_bytes_s": bandwidth, "bandwidth_source": source,
-            "peak_bf16_flop_s": sheet[0] if sheet else None,
-            "peak_source": sheet[2] if sheet else f"{name}: not in kosmoss's datasheet table"}
+            "peak_bf16_flop_s": sheet.bf16 if sheet else None, "peak_flop_s": peaks,
+            "peak_source": sheet.source if sheet else f"{name}: not in kosmoss's datasheet table"}
+
+
+def peak(limits: Dict[str, object], arithmetic: str) -> Optional[float]:
+    """The dense peak of one matmul format; limits recorded before the other formats were
+    kept (they held bf16's alone) find theirs in the datasheet of the device they name."""
+    if arithmetic == "bf16" and limits.get("peak_bf16_flop_s"):
+        return limits["peak_bf16_flop_s"]
+    peaks = limits.get("peak_flop_s")
+    if peaks:
+        return peaks.get(arithmetic)
+    sheet = datasheet(str(limits.get("device", "")))
+    return getattr(sheet, arithmetic) if sheet else None
 
 
 def _nvml_bandwidth(device: torch.device) -> Optional[float]:
@@ -111,19 +159,28 @@ def _nvml_bandwidth(device: torch.device) -> Optional[float]:
         return None
 
 
-def bound(costs: Dict[str, float], limits: Optional[Dict[str, object]]) -> Dict[str, object]:
-    """samples/s no step can beat, and what sets it."""
+def bound(costs: Dict[str, float], limits: Optional[Dict[str, object]],
+          arithmetic: str = "bf16") -> Dict[str, object]:
+    """samples/s no step can beat with matmuls in ``arithmetic``, and what sets it."""
     if not limits:
         return {"limit_samples_per_s": None, "bound_by": None}
     by_memory = (limits["memory_bandwidth_bytes_s"] or 0) / costs["bytes_per_sample"] or None
-    by_compute = ((limits["peak_bf16_flop_s"] / costs["flop_per_sample"])
-                  if limits["peak_bf16_flop_s"] else None)
-    candidates = {k: v for k, v in (("memory", by_memory), ("bf16 compute", by_compute)) if v}
+    flop_s = peak(limits, arithmetic)
+    by_compute = flop_s / costs["flop_per_sample"] if flop_s else None
+    candidates = {k: v for k, v in (("memory", by_memory), (f"{arithmetic} compute", by_compute))
+                  if v}
     if not candidates:
         return {"limit_samples_per_s": None, "bound_by": None}
     what = min(candidates, key=candidates.get)
     return {"limit_samples_per_s": candidates[what], "bound_by": what,
             "memory_bound_samples_per_s": by_memory, "compute_bound_samples_per_s": by_compute}
+
+
+def rung_bound(step: Rung, costs: Dict[str, float], stored_costs: Dict[str, float],
+               limits: Optional[Dict[str, object]]) -> Dict[str, object]:
+    """A rung's own limit: the peak of the format its matmuls run in, the bytes its inputs
+    take. An fp32 rung cannot pass the CUDA cores' fp32 peak, however it is fed."""
+    return bound(stored_costs if step.bf16_store else costs, limits, step.arithmetic)
 
 
 # ---- one rung
@@ -140,6 +197,8 @@ class LadderLoop:
         self.x, self.y = limit.x, limit.y
         if step.host_data:  # gathered on the host, copied through pinned memory
             self.x, self.y = limit.x.cpu(), limit.y.cpu()
+        if step.bf16_store:  # normalised once, in bf16: the values autocast would make
+            self.x = bf16_inputs(limit.x, model.x_mean, model.x_std)
         self.x_mean, self.x_std = model.x_mean, model.x_std
         self.normalize_y = model.normalize_y
         fused = {"fused": True} if step.fused else {}
@@ -159,8 +218,10 @@ class LadderLoop:
 
     def _step(self, idx: torch.Tensor) -> torch.Tensor:
         xb, yb = self._gather(idx)
-        with torch.autocast(**self.autocast):  # the same in-place normalisation as LitMLP's
-            prediction = self.net(xb.sub_(self.x_mean).div_(self.x_std))
+        if not self.rung.bf16_store:  # the same in-place normalisation as LitMLP's
+            xb = xb.sub_(self.x_mean).div_(self.x_std)
+        with torch.autocast(**self.autocast):
+            prediction = self.net(xb)
             loss = torch.nn.functional.mse_loss(prediction.float(), self.normalize_y(yb))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -212,6 +273,18 @@ def run_rung(limit: Limit, step: Rung, batch_size: int, steps: int, device: torc
     the figures of a bench row, with the compile and capture time apart."""
     if step.needs_cuda and device.type != "cuda":
         raise UsageError(f"rung {step.name}: needs a CUDA GPU")
+    if step.bf16_store and not step.bf16:
+        raise UsageError(f"rung {step.name}: bf16_store stores what bf16 autocast would cast")
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if step.tf32 else "highest")
+    try:
+        return _run_rung(limit, step, batch_size, steps, device, sampler_seed)
+    finally:  # a process-wide setting: the next rung starts from torch's own
+        torch.set_float32_matmul_precision(precision)
+
+
+def _run_rung(limit: Limit, step: Rung, batch_size: int, steps: int, device: torch.device,
+              sampler_seed: int) -> Dict[str, object]:
     loop, clock = LadderLoop(limit, step, device), StepClock()
     where = torch.device("cpu") if step.host_data else device
     batches = _batches(limit, batch_size, steps + 1, where)
@@ -248,8 +321,8 @@ def run_rung(limit: Limit, step: Rung, batch_size: int, steps: int, device: torc
             "first_step_unix": clock.first_step_unix, "setup_s": setup_s,
             "val_loss": point["val_loss"], "val_curve": [point],
             "train_losses": [float(loss) for loss in torch.stack(losses).cpu()],
-            "step_time_cv": clock.step_cv, **{f"uses_{k}": v for k, v in asdict(step).items()
-                                              if k not in ("name", "removes")}}
+            "step_time_cv": clock.step_cv, "arithmetic": step.arithmetic,
+            **{f"uses_{k}": v for k, v in asdict(step).items() if k not in ("name", "removes")}}
 
 
 def _batches(limit: Limit, batch_size: int, count: int, device: torch.device) -> List:
@@ -276,9 +349,11 @@ def largest_batch(n_train: int) -> int:
 
 def run_ladder(dataset: Path, rungs: Sequence[Rung], batch_sizes: Sequence[str], steps: int,
                device: torch.device, seed: int = 42,
-               log: Callable[[str], None] = print) -> Dict[str, object]:
+               log: Callable[[str], None] = print,
+               also: Sequence[Rung] = ()) -> Dict[str, object]:
     """Every rung at the first batch size, the last rung at the others ("max": the largest
-    power of two the training split holds); the limit beside."""
+    power of two the training split holds), then the rungs ``also`` (off the ladder, rows
+    marked ``off_ladder``) at the first; the limit beside."""
     prepared = open_dataset(dataset, verify=False)
     n_train = len(split_indices(prepared.n_samples, SPLITS, seed)[0])
     batches = [largest_batch(n_train) if b == "max" else int(b) for b in batch_sizes]
@@ -287,9 +362,11 @@ def run_ladder(dataset: Path, rungs: Sequence[Rung], batch_sizes: Sequence[str],
         raise UsageError(f"--batch-size {too_large[0]}: larger than the {n_train:,} training "
                          "samples; give a smaller one or max")
     costs = sample_costs(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y)
+    stored_costs = sample_costs(prepared.n_x, DEFAULT_HIDDEN, prepared.n_y, input_bytes=2)
     limits = device_limits(device)
     limit_row = bound(costs, limits)
     plan = [(r, batches[0]) for r in rungs] + [(rungs[-1], b) for b in batches[1:]]
+    plan += [(r, batches[0]) for r in also]
     rows = []
     for step, batch in plan:
         limit = limit_setup(prepared, batch, device, seed)
@@ -299,19 +376,27 @@ def run_ladder(dataset: Path, rungs: Sequence[Rung], batch_sizes: Sequence[str],
             if len(plan) == 1:
                 raise
             rows.append({"rung": step.name, "batch_size": batch, "samples_per_s": None,
+                         "off_ladder": step in also,
                          "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"})
             log(f"{step.name:12s} batch {batch:>7,}: failed: {rows[-1]['error']}")
             continue
+        row["off_ladder"] = step in also
         if limit_row["limit_samples_per_s"] and row["samples_per_s"]:
             row["of_limit"] = row["samples_per_s"] / limit_row["limit_samples_per_s"]
+            own = rung_bound(step, costs, stored_costs, limits)
+            row["rung_limit_samples_per_s"], row["rung_bound_by"] = (
+                own["limit_samples_per_s"], own["bound_by"])
+            row["of_rung_limit"] = row["samples_per_s"] / own["limit_samples_per_s"]
         rows.append(row)
         log(f"{step.name:12s} batch {batch:>7,}: {row['samples_per_s'] or 0:>14,.0f} samples/s"
-            + (f" ({row['of_limit']:.1%} of the limit)" if "of_limit" in row else "")
+            + (f" ({row['of_limit']:.1%} of the limit, {row['of_rung_limit']:.1%} of its own: "
+               f"{row['rung_bound_by']})" if "of_limit" in row else "")
             + f", val_loss {row['val_loss']:.5f}, set-up {row['setup_s']:.1f} s")
         del limit
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"device": str(device), "limits": limits, "costs": costs, **limit_row,
+    return {"device": str(device), "limits": limits, "costs": costs,
+            "stored_costs": stored_costs, **limit_row,
             "steps": steps, "rows": rows}
 
 
@@ -335,12 +420,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rungs", default=",".join(r.name for r in RUNGS),
                         help=f"comma-separated, in order, from {', '.join(RUNG_NAMES)}")
+    parser.add_argument("--also", default="",
+                        help="off-the-ladder rungs measured after it at the first batch, e.g. "
+                             "tf32 (comma-separated)")
     parser.add_argument("--out", help="write the figures here as JSON (one rung at one batch: "
                                       "as a bench row)")
     args = parser.parse_args(argv)
 
     def command() -> None:
         rungs = checked_rungs(args.rungs, args.device)
+        also = checked_rungs(args.also, args.device, flag="--also") if args.also else []
         if args.steps < 8:
             raise UsageError(f"--steps {args.steps}: at least 8 (graphs replay 8 steps)")
         bad = [b for b in args.batch_size if b != "max" and not (b.isdigit() and int(b) >= 1)]
@@ -351,7 +440,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not (dataset / "metadata.json").is_file():
             raise UsageError(f"--dataset {dataset}: not a prepared dataset (no metadata.json); "
                              "prepare one with kosmoss data prepare")
-        figures = run_ladder(dataset, rungs, args.batch_size, args.steps, device, args.seed)
+        figures = run_ladder(dataset, rungs, args.batch_size, args.steps, device, args.seed,
+                             also=also)
         if args.out:
             single = len(figures["rows"]) == 1
             Path(args.out).write_text(json.dumps(as_result(figures) if single else figures,
@@ -360,16 +450,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     return run_command(parser.prog, command, {})
 
 
-def checked_rungs(names: str, device: str) -> List[Rung]:
-    rungs = [rung(name) for name in names.split(",") if name]
+def checked_rungs(names: str, device: str, flag: str = "--rungs") -> List[Rung]:
+    try:
+        rungs = [rung(name) for name in names.split(",") if name]
+    except UsageError as err:
+        raise UsageError(str(err).replace("--rungs", flag, 1)) from None
     if not rungs:
-        raise UsageError("--rungs: name at least one rung")
+        raise UsageError(f"{flag}: name at least one rung")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU here; give --device cpu")
     needs_gpu = [r.name for r in rungs if r.needs_cuda]
     if device == "cpu" and needs_gpu:
-        raise UsageError(f"--rungs {','.join(needs_gpu)}: need a CUDA GPU (host-to-device "
-                         "copies, CUDA graphs); leave them out with --device cpu")
+        raise UsageError(f"{flag} {','.join(needs_gpu)}: need a CUDA GPU (host-to-device "
+                         "copies, CUDA graphs, TF32); leave them out with --device cpu")
     return rungs
 
 

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
-from .rungs import RUNGS
+from .rungs import RUNGS, TOP
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # what `import kosmoss` needs on the path
 MAX_EPOCHS = 1_000_000  # the step count stops every run
@@ -121,8 +121,8 @@ MATRIX: Tuple[Setup, ...] = (
           device="gpu", ranks=2, horovod=True, versus="raw-gpu", single="kosmoss-gpu",
           entry=HOROVOD + GPU_FLAGS),
     # kosmoss at the top of the ladder: the top rung's features through the run path, ÷ it.
-    Setup("kosmoss-gpu-top", "kosmoss, 1 GPU, bf16, compile, CUDA graphs, 8 steps a replay",
-          "kosmoss", device="gpu", bf16=True, versus="ladder-graphs-k8",
+    Setup("kosmoss-gpu-top", "kosmoss, 1 GPU, bf16, compile, CUDA graphs, 8 steps a replay, "
+          "inputs stored in bf16", "kosmoss", device="gpu", bf16=True, versus=f"ladder-{TOP.name}",
           entry=TOP_FLAGS),
     Setup("kosmoss-gpu-top-max", "the same at the largest batch", "kosmoss", device="gpu",
           bf16=True, versus="ladder-top-max", entry=TOP_FLAGS, batch="max"),

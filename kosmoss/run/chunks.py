@@ -21,6 +21,7 @@ from typing import Callable, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
+from torch import nn
 
 from ..core.errors import ConfigError
 from ..data.loading import RankBatchSampler
@@ -143,6 +144,11 @@ class StepsInChunks(LeanLitMLP):
 
     def logs_train_loss_now(self) -> bool:
         return False  # the chunk's loop logs train_loss itself, with the step it belongs to
+
+    def loss_of_normalised(self, x_normalised: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of LitMLP's step for inputs already normalised (a replay's
+        bf16 store, kosmoss.run.graphs): the same arithmetic past the normalisation."""
+        return nn.functional.mse_loss(self.net(x_normalised), self.normalize_y(y))
 
     def raw_optimizer(self) -> torch.optim.Optimizer:
         return self.optimizers().optimizer

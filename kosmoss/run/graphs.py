@@ -26,6 +26,17 @@ import torch
 from .lean import LeanCallback
 
 WARMUP_CHUNKS = 1  # eager chunks on a side stream before the capture
+STORE_ROWS = 65_536  # rows normalised at a time: a bounded float32 temporary
+
+
+def bf16_inputs(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """``x`` normalised as LitMLP's step does it ((x - mean) / std in float32), then rounded
+    to bfloat16 as autocast rounds a Linear's input: the exact values a bf16-mixed step
+    feeds its first layer, made once instead of every step, in half the bytes."""
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    for lo in range(0, len(x), STORE_ROWS):
+        out[lo:lo + STORE_ROWS] = x[lo:lo + STORE_ROWS].sub(mean).div_(std)
+    return out
 
 
 class CudaGraph:
@@ -79,8 +90,10 @@ class GraphedSteps:
     """
 
     def __init__(self, module, x: torch.Tensor, y: torch.Tensor, batch_size: int, k: int,
-                 graph: Callable[[torch.device], object]) -> None:
+                 graph: Callable[[torch.device], object],
+                 stored: Optional[torch.Tensor] = None) -> None:
         self.module, self.x, self.y, self.k = module, x, y, k
+        self.stored = stored  # x as bf16_inputs made it: replays gather from it
         self.batch_size = batch_size
         self.static_idx = torch.zeros(k, batch_size, dtype=torch.long, device=x.device)
         # The indices go through pinned memory: a pageable copy would wait for the replay
@@ -138,8 +151,11 @@ class GraphedSteps:
 
     def _step(self, idx: torch.Tensor) -> torch.Tensor:
         """One step as the eager loop makes it, on the rows ``idx`` gathered on the device."""
-        batch = (torch.index_select(self.x, 0, idx), torch.index_select(self.y, 0, idx))
-        loss = self.module._common_step(batch, "train")
+        y = torch.index_select(self.y, 0, idx)
+        if self.stored is not None:
+            loss = self.module.loss_of_normalised(torch.index_select(self.stored, 0, idx), y)
+        else:
+            loss = self.module._common_step((torch.index_select(self.x, 0, idx), y), "train")
         optimizer = self.module.raw_optimizer()
         optimizer.zero_grad(set_to_none=True)
         with self.module.backward_context():
@@ -150,16 +166,36 @@ class GraphedSteps:
 
 class GraphsOnTheDevice(LeanCallback):
     """Gives a StepsInChunks model its GraphedSteps once the data sits on its device, and
-    says afterwards how its chunks were trained (result.json ``cuda_graphs``)."""
+    says afterwards how its chunks were trained (result.json ``cuda_graphs``).
 
-    def __init__(self, batch_size: int, steps: int, graph=None) -> None:
+    In bf16-mixed the replays gather their inputs from a bf16 copy normalised once (the
+    ladder's bf16-store rung: the same values, no per-step normalisation and cast, half the
+    bytes), where the GPU has room for it beside the data; ``inputs`` in the report says
+    which."""
+
+    def __init__(self, batch_size: int, steps: int, graph=None, bf16_store: bool = True) -> None:
         self.batch_size, self.steps, self.graph = batch_size, steps, graph
+        self.bf16_store = bf16_store
 
     def on_train_start(self, trainer, pl_module) -> None:
         held = trainer.datamodule.data.resident()
         x, y = held[0], held[1]
         graph = self.graph or (CudaGraph if x.device.type == "cuda" else EagerGraph)
-        pl_module.graphs = GraphedSteps(pl_module, x, y, self.batch_size, self.steps, graph)
+        stored, pl_module.graph_inputs = self._store(trainer, pl_module, x)
+        pl_module.graphs = GraphedSteps(pl_module, x, y, self.batch_size, self.steps, graph,
+                                        stored)
+
+    def _store(self, trainer, pl_module, x: torch.Tensor):
+        # bf16-mixed alone: autocast casts float32 normalised inputs (bf16-true normalises
+        # in bf16 itself)
+        if not (self.bf16_store and trainer.precision == "bf16-mixed"):
+            return None, "float32, normalised every step"
+        need = x.numel() * 2
+        if x.device.type == "cuda" and torch.cuda.mem_get_info(x.device)[0] < 1.25 * need:
+            return None, f"float32, normalised every step: no room for a {need / 2**20:,.0f} " \
+                         "MiB bf16 copy on the GPU"
+        stored = bf16_inputs(x, pl_module.x_mean, pl_module.x_std)
+        return stored, f"bf16, normalised once ({need / 2**20:,.0f} MiB)"
 
     @staticmethod
     def report(pl_module) -> dict:
@@ -167,4 +203,5 @@ class GraphsOnTheDevice(LeanCallback):
         return {"replays": graphs.replays if graphs else 0,
                 "warm_up_chunks": graphs.warm_chunks if graphs else 0,
                 "eager_chunks": getattr(pl_module, "eager_chunks", 0),
-                "capture_failed": graphs.failed if graphs else None}
+                "capture_failed": graphs.failed if graphs else None,
+                "inputs": getattr(pl_module, "graph_inputs", None)}

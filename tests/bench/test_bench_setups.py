@@ -34,7 +34,8 @@ def test_no_gpu_skips_exactly_the_gpu_rows():
                for s in MATRIX}
     gpu_rows = {s.id for s in MATRIX if s.device == "gpu"}
     ladder = {f"ladder-{name}" for name in ("host", "resident", "bf16", "fused", "compile",
-                                            "graphs", "graphs-k8", "top-65536", "top-max")}
+                                            "graphs", "graphs-k8", "bf16-store", "top-65536",
+                                            "top-max")}
     assert gpu_rows == {"raw-gpu", "lightning-gpu", "fabric-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
                         "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2", "kosmoss-gpu-top",
                         "kosmoss-gpu-top-max"} | ladder
@@ -153,7 +154,7 @@ def test_last_line(text, line):
 
 def test_the_ladder_rows_run_the_ladder_one_rung_each():
     ladder = [s for s in MATRIX if s.kind == "ladder" and s.device == "gpu"]
-    assert [s.versus for s in ladder[1:7]] == [s.id for s in ladder[:6]]  # ÷ the rung below
+    assert [s.versus for s in ladder[1:8]] == [s.id for s in ladder[:7]]  # ÷ the rung below
     argv = command(BY_ID["ladder-graphs"], plan(), Path("/tmp/row.json"))
     assert argv[1:3] == ["-m", "kosmoss.bench.ladder"]
     assert argv[argv.index("--rungs") + 1] == "graphs" and argv[argv.index("--device") + 1] == "cuda"
@@ -167,4 +168,4 @@ def test_the_ladder_rows_run_the_ladder_one_rung_each():
     kosmoss_top = command(BY_ID["kosmoss-gpu-top-max"], plan(), Path("/tmp/row.json"))
     assert "--cuda-graphs" in kosmoss_top and "--compile" in kosmoss_top
     assert kosmoss_top[kosmoss_top.index("--batch-size") + 1] == "1024"
-    assert BY_ID["kosmoss-gpu-top"].versus == "ladder-graphs-k8"
+    assert BY_ID["kosmoss-gpu-top"].versus == "ladder-bf16-store"  # the same features

@@ -1,6 +1,7 @@
 """The ladder (kosmoss.bench.ladder): its arithmetic of the limit, each rung's losses
 against the eager fp32 loop's, and its bad input. The rungs that need CUDA run in the GPU
 test at the end (skipped here); the others run on CPU."""
+import dataclasses
 import json
 import math
 import subprocess
@@ -11,6 +12,7 @@ import torch
 
 from kosmoss.bench import ladder, rungs
 from kosmoss.bench.baselines import limit_setup
+from kosmoss.core.errors import UsageError
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
 
@@ -48,10 +50,72 @@ def test_the_limit_is_the_slower_of_memory_and_compute():
     assert ladder.bound(costs, None)["limit_samples_per_s"] is None  # a CPU: no GPU limit
 
 
+def test_each_rung_is_held_to_the_peak_of_its_own_arithmetic():
+    """fp32 matmuls run on CUDA cores: the resident rung's limit on an H100 is its fp32
+    peak, far below the memory bound that limits the bf16 rungs; bf16-store reads half the
+    input bytes, so its own memory bound is higher than the data-as-prepared limit."""
+    limits = {"device": "NVIDIA H100 80GB HBM3", "memory_bandwidth_bytes_s": 3.35e12,
+              "peak_bf16_flop_s": 989.4e12}  # as recorded on 2026-11-26: bf16's peak alone
+    costs = ladder.sample_costs(4128, (100, 100, 100), 552)
+    stored = ladder.sample_costs(4128, (100, 100, 100), 552, input_bytes=2)
+    assert stored["bytes_per_sample"] == 2 * 4128 + 4 * 552
+    own = {r.name: ladder.rung_bound(r, costs, stored, limits) for r in ladder.RUNGS}
+    assert own["resident"]["bound_by"] == "fp32 compute"
+    assert own["resident"]["limit_samples_per_s"] == pytest.approx(66.9e12 / 2_100_400, rel=1e-3)
+    assert own["graphs-k8"]["bound_by"] == "memory"
+    assert own["graphs-k8"]["limit_samples_per_s"] == pytest.approx(3.35e12 / 18_720)
+    assert own["bf16-store"]["limit_samples_per_s"] == pytest.approx(3.35e12 / 10_464)
+    tf32 = ladder.rung_bound(rungs.TF32_ALONE, costs, stored, limits)
+    assert tf32["bound_by"] == "memory" and own["resident"]["limit_samples_per_s"] < \
+        tf32["limit_samples_per_s"]
+
+
+@pytest.mark.parametrize("name, chip", [("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+                                        ("NVIDIA H100 PCIe", "H100 PCIe"),
+                                        ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+                                        ("NVIDIA L4", "L4")])
+def test_the_datasheet_peaks_are_lightnings_where_it_has_the_chip(monkeypatch, name, chip):
+    from lightning_fabric.utilities.throughput import get_available_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    sheet = ladder.datasheet(name)
+    assert sheet is ladder.DATASHEETS[chip]
+    cuda = torch.device("cuda")
+    assert get_available_flops(cuda, torch.bfloat16) == pytest.approx(sheet.bf16, rel=0.01)
+    assert get_available_flops(cuda, "tfloat32") == pytest.approx(sheet.tf32, rel=0.01)
+
+
+def test_a_rung_leaves_torchs_matmul_precision_as_it_found_it(dataset):
+    torch.set_float32_matmul_precision("medium")
+    try:
+        ladder.run_rung(limit_setup(dataset, 64, torch.device("cpu"), 42),
+                        ladder.rung("resident"), 64, 8, torch.device("cpu"))
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def test_inputs_stored_in_bf16_train_exactly_as_autocast_casting_them(dataset):
+    """bf16-store's change, on the CPU: the same losses to the last bit as the rung that
+    normalises and casts every batch (autocast rounds the same float32 values)."""
+    cpu = torch.device("cpu")
+    casting = ladder.run_rung(limit_setup(dataset, 64, cpu, 42), ladder.rung("bf16"), 64, 20, cpu)
+    stored_rung = dataclasses.replace(ladder.rung("bf16"), name="bf16-store-cpu", bf16_store=True)
+    stored = ladder.run_rung(limit_setup(dataset, 64, cpu, 42), stored_rung, 64, 20, cpu)
+    assert stored["train_losses"] == casting["train_losses"]
+    assert stored["val_loss"] == casting["val_loss"]
+    with pytest.raises(UsageError, match="bf16_store"):
+        ladder.run_rung(limit_setup(dataset, 64, cpu, 42), dataclasses.replace(
+            stored_rung, bf16=False), 64, 8, cpu)
+
+
 def test_the_ladder_adds_one_change_a_rung():
     names = [r.name for r in ladder.RUNGS]
-    assert names == ["host", "resident", "bf16", "fused", "compile", "graphs", "graphs-k8"]
-    fields = ("host_data", "bf16", "fused", "compile", "graphs", "steps_per_replay")
+    assert names == ["host", "resident", "bf16", "fused", "compile", "graphs", "graphs-k8",
+                     "bf16-store"]
+    assert rungs.TOP is ladder.RUNGS[-1]
+    fields = ("host_data", "bf16", "tf32", "fused", "compile", "graphs", "steps_per_replay",
+              "bf16_store")
     for lower, upper in zip(ladder.RUNGS, ladder.RUNGS[1:]):
         changed = [f for f in fields if getattr(lower, f) != getattr(upper, f)]
         assert len(changed) == 1, (upper.name, changed)
@@ -97,6 +161,9 @@ def test_one_rung_at_one_batch_is_written_as_a_bench_row(dataset, tmp_path):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--rungs", "graphs"], "--rungs graphs"),
+    (["--rungs", "tf32"], "--rungs tf32"),
+    (["--also", "tf32"], "--also tf32"),
+    (["--also", "warp"], "--also warp"),
     (["--rungs", "warp"], "--rungs warp"),
     (["--steps", "3"], "--steps 3"),
     (["--batch-size", "0"], "--batch-size 0"),
@@ -108,6 +175,17 @@ def test_bad_input_is_one_line(dataset, argv, flag):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and flag in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_off_the_ladder_rungs_come_after_it_and_say_so(dataset, tmp_path):
+    out = tmp_path / "ladder.json"
+    assert ladder.main(["--dataset", str(dataset.path), "--device", "cpu", "--rungs",
+                        "resident,bf16", "--batch-size", "64", "128", "--also", "fused",
+                        "--steps", "8", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["rung"], r["batch_size"], r["off_ladder"]) for r in rows] == [
+        ("resident", 64, False), ("bf16", 64, False), ("bf16", 128, False),
+        ("fused", 64, True)]
 
 
 def test_a_folder_that_is_no_dataset_is_one_line(tmp_path, capsys):
@@ -124,7 +202,7 @@ def test_every_rung_on_the_gpu_trains_as_the_eager_fp32_loop(dataset):
     replay the compiled fused bf16 step, within float rounding of that step run eagerly."""
     cuda = torch.device("cuda")
     found = {r.name: ladder.run_rung(limit_setup(dataset, 64, cuda, 42), r, 64, 40, cuda)
-             for r in ladder.RUNGS}
+             for r in ladder.RUNGS + (rungs.TF32_ALONE,)}
     reference = found["resident"]
     for name, row in found.items():
         assert math.isclose(row["train_losses"][0], reference["train_losses"][0],
@@ -136,3 +214,7 @@ def test_every_rung_on_the_gpu_trains_as_the_eager_fp32_loop(dataset):
     for graphed in ("graphs", "graphs-k8"):
         assert found[graphed]["global_step"] == found["compile"]["global_step"]
         assert found[graphed]["val_loss"] == pytest.approx(found["compile"]["val_loss"], rel=1e-3)
+    # the stored inputs are the values autocast would cast: the rung below's path
+    assert found["bf16-store"]["val_loss"] == pytest.approx(found["graphs-k8"]["val_loss"],
+                                                            rel=1e-3)
+    assert torch.get_float32_matmul_precision() == "highest"  # tf32 put it back

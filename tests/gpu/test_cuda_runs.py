@@ -81,7 +81,7 @@ def test_one_rank_per_gpu_runs_nccl(random_dataset):
 def test_cuda_graphs_replay_the_eager_steps(shared_home, tmp_path):
     """--cuda-graphs against the same chunks run eagerly (fused Adam both, capturable in
     the graph): the same steps, the validation loss within float rounding; the steps after
-    the warm-up chunk were replays."""
+    the warm-up chunk were replays, gathering from the inputs stored in bf16."""
     flags = ("--require-gpu", "--mode", "device", "--precision", "bf16-mixed",
              "--batch-size", "256", "--max-steps", "48", "--steps-per-execution", "8")
     (tmp_path / "eager").mkdir()
@@ -90,6 +90,7 @@ def test_cuda_graphs_replay_the_eager_steps(shared_home, tmp_path):
     graphed, _ = _train(shared_home, tmp_path / "graphed", *flags, "--cuda-graphs")
     figures = graphed["cuda_graphs"]
     assert figures["capture_failed"] is None and figures["replays"] >= 3, figures
+    assert figures["inputs"].startswith("bf16, normalised once"), figures  # the bf16 store
     assert graphed["global_step"] == eager["global_step"] == 48
     assert graphed["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-3)
     assert not any("--cuda-graphs" in warning for warning in graphed["warnings"])

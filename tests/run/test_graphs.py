@@ -26,11 +26,11 @@ class FailingGraph(graphs.EagerGraph):
 
 
 def _fit(dataset, tmp_path, *, graph=None, steps=30, warmup=0, model_class=StepsInChunks,
-         k=K, precision="32-true", ckpt=None, stop_at=None):
+         k=K, precision="32-true", ckpt=None, stop_at=None, bf16_store=True):
     pl.seed_everything(5, verbose=False)
     model = model_class(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics(),
                         warmup_steps=warmup, warmup_start_lr=1e-4)
-    callbacks = [graphs.GraphsOnTheDevice(BATCH, k, graph)] if graph else []
+    callbacks = [graphs.GraphsOnTheDevice(BATCH, k, graph, bf16_store)] if graph else []
     if stop_at:
         callbacks.append(StopAfter(stop_at, tmp_path / "stopped.ckpt"))
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision=precision,
@@ -127,6 +127,30 @@ def test_bf16_in_chunks_trains_as_lightnings_automatic_loop(random_dataset, tmp_
                                     precision="bf16-mixed")
     _same_weights(automatic, chunked)
     assert chunked_rows == automatic_rows
+
+
+def test_bf16_replays_from_stored_inputs_train_as_the_eager_loop(random_dataset, tmp_path):
+    """In bf16-mixed a replay gathers from inputs normalised once and stored in bf16 (the
+    ladder's bf16-store rung): the values autocast would cast, so the weights and logged
+    rows are bit-identical to the eager loop's and to replays that normalise each batch."""
+    _, eager, eager_rows = _fit(random_dataset, tmp_path / "eager", precision="bf16-mixed")
+    _, casting, casting_rows = _fit(random_dataset, tmp_path / "casting", precision="bf16-mixed",
+                                    graph=graphs.EagerGraph, bf16_store=False)
+    _, stored, stored_rows = _fit(random_dataset, tmp_path / "stored", precision="bf16-mixed",
+                                  graph=graphs.EagerGraph)
+    assert stored.graphs.stored is not None and stored.graphs.stored.dtype == torch.bfloat16
+    assert stored.graphs.replays >= 3
+    _same_weights(eager, stored)
+    _same_weights(casting, stored)
+    assert stored_rows == eager_rows == casting_rows
+    assert graphs.GraphsOnTheDevice.report(stored)["inputs"].startswith("bf16, normalised once")
+    assert graphs.GraphsOnTheDevice.report(casting)["inputs"].startswith("float32")
+
+
+def test_fp32_replays_normalise_every_batch(random_dataset, tmp_path):
+    _, graphed, _ = _fit(random_dataset, tmp_path / "graphed", graph=graphs.EagerGraph)
+    assert graphed.graphs.stored is None
+    assert graphs.GraphsOnTheDevice.report(graphed)["inputs"] == "float32, normalised every step"
 
 
 def _policy(gpu=True):
