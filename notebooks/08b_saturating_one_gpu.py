@@ -115,8 +115,8 @@ assert limit["limit_samples_per_s"] == min(limit["memory_bound_samples_per_s"],
 #   graph and replayed: no Python, no kernel launch per step;
 # - **graphs-k8**: several steps a replay;
 # - **bf16-store**: the inputs kept on the GPU already normalised and in bf16 — no
-#   per-step normalisation and cast of the batch, half the bytes gathered; then the same at
-#   a much larger batch.
+#   per-step normalisation and cast of the batch, and fewer bytes gathered (bf16 values);
+#   then the same at a much larger batch.
 #
 # Each rung also has a limit of its own: the peak of the format its matmuls run in (fp32
 # matmuls run on the CUDA cores, not the tensor cores) and the bytes its inputs take.

@@ -94,15 +94,19 @@ def test_no_replay_while_the_rate_warms_up(random_dataset, tmp_path):
     assert graphed.graphs.warm_chunks == graphs.WARMUP_CHUNKS  # began after step 10
 
 
-def test_a_run_stopped_between_replays_resumes_exactly(random_dataset, tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_run_stopped_between_replays_resumes_exactly(random_dataset, tmp_path, precision):
     """Stopped after the third chunk (step 12, mid-epoch): the resumed run's own graph is
-    captured after its warm-up chunk, and it ends on the never-stopped run's weights."""
-    _, straight, _ = _fit(random_dataset, tmp_path / "straight", graph=graphs.EagerGraph)
+    captured after its warm-up chunk (in bf16, from inputs it stores again), and it ends
+    on the never-stopped run's weights."""
+    _, straight, _ = _fit(random_dataset, tmp_path / "straight", graph=graphs.EagerGraph,
+                          precision=precision)
     stopped_dir = tmp_path / "stopped"
-    stopped, _, _ = _fit(random_dataset, stopped_dir, graph=graphs.EagerGraph, stop_at=9)
+    stopped, _, _ = _fit(random_dataset, stopped_dir, graph=graphs.EagerGraph, stop_at=9,
+                         precision=precision)
     assert stopped.global_step == 12
     trainer, resumed, _ = _fit(random_dataset, tmp_path / "resumed", graph=graphs.EagerGraph,
-                               ckpt=stopped_dir / "stopped.ckpt")
+                               ckpt=stopped_dir / "stopped.ckpt", precision=precision)
     _same_weights(straight, resumed)
     assert trainer.global_step == 30
 
