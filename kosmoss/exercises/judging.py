@@ -33,18 +33,25 @@ def judge_sources(items: Sequence[Tuple[Exercise, str]], *,
     starting processes costs more than the checks). ``timeout_s``: a collective's."""
     verdicts: Dict[int, Verdict] = {}
     for i, (exercise, source) in enumerate(items):
-        if untouched(exercise, source):  # no need to start processes to say so
-            verdicts[i] = Verdict(exercise.id, WRONG, "not answered yet: your cell is still "
-                                  "the one the lesson ships")
-        elif imported_reference(source, exercise.forbidden):
-            verdicts[i] = Verdict(exercise.id, WRONG, verdict_for(
-                imported_reference(source, exercise.forbidden)))
+        said = prejudged(exercise, source)
+        if said is not None:
+            verdicts[i] = said
     rest = [i for i in range(len(items)) if i not in verdicts]
     checked = run_checks([items[i] for i in rest], collective_timeout_s=timeout_s,
                          exercise_timeout_s=exercise_timeout_s)
     for i, result in zip(rest, checked):
         verdicts[i] = judge_checked(items[i][0], result)
     return [verdicts[i] for i in range(len(items))]
+
+
+def prejudged(exercise: Exercise, source: str) -> Optional[Verdict]:
+    """The verdict of a cell that needs no process to judge: still the lesson's skeleton, or
+    importing the reference; None for any other."""
+    if untouched(exercise, source):
+        return Verdict(exercise.id, WRONG, "not answered yet: your cell is still the one the "
+                       "lesson ships")
+    used = imported_reference(source, exercise.forbidden)
+    return Verdict(exercise.id, WRONG, verdict_for(used)) if used else None
 
 
 def untouched(exercise: Exercise, source: str) -> bool:

@@ -2,6 +2,16 @@
 operations, another library call, float64 where the reference is float32): a checker
 must call each correct. test_mutants.py uses them to catch a checker made too strict."""
 
+
+def answers(exercise):
+    """(kind, name, body): the reference, the other right answers, the catalogue."""
+    yield "right", "reference", exercise.reference
+    for i, body in enumerate(RIGHT.get(exercise.id, [])):
+        yield "right", f"right {i}", body
+    for name, mistake in exercise.mistakes.items():
+        yield "mistake", name, mistake.body
+
+
 RIGHT = {
     "01.feature_counts": ['''
 def feature_counts(levels):

@@ -17,12 +17,11 @@ import inspect
 import types
 
 import pytest
-from right_answers import RIGHT
+from right_answers import answers
 
 from kosmoss.exercises.core import CORRECT, find, run_cell
 from kosmoss.exercises.guard import guarding
 from kosmoss.exercises.judging import judge_checked, verdict
-from kosmoss.exercises.distributed import run_checks
 
 # (exercise, what the mutant weakens, the checker's source, the mutant's)
 MUTANTS = [
@@ -268,19 +267,12 @@ def mutated(exercise_id: str, original: str, mutant: str):
     return next(e for e in copy.EXERCISES if e.id == exercise_id)
 
 
-def _answers(exercise):
-    """(kind, name, body): the reference, the other right answers, the catalogue."""
-    yield "right", "reference", exercise.reference
-    for i, body in enumerate(RIGHT.get(exercise.id, [])):
-        yield "right", f"right {i}", body
-    for name, mistake in exercise.mistakes.items():
-        yield "mistake", name, mistake.body
 
 
 def caught(exercise, verdicts) -> list:
     """Why test_checkers.py fails on these verdicts (empty: the mutant survives)."""
     failures = []
-    for (kind, name, _), result in zip(_answers(exercise), verdicts):
+    for (kind, name, _), result in zip(answers(exercise), verdicts):
         if kind == "right" and result.status != CORRECT:
             failures.append(f"{name} rejected: {result.line}")
         elif kind == "mistake":
@@ -304,20 +296,16 @@ def _judge_here(exercise, body: str):
                          ids=[f"{m[0]}: {m[1]}" for m in MUTANTS])
 def test_each_mutant_of_a_checker_is_caught(exercise_id, weakens, original, mutant):
     exercise = mutated(exercise_id, original, mutant)
-    verdicts = [_judge_here(exercise, body) for _, _, body in _answers(exercise)]
+    verdicts = [_judge_here(exercise, body) for _, _, body in answers(exercise)]
     assert caught(exercise, verdicts), f"the mutant '{weakens}' survives"
 
 
 @pytest.fixture(scope="module")
-def launch():
-    """One launch: every distributed exercise's answers, as the ranks returned them."""
-    items = [(find(e), body) for e in sorted({m[0] for m in DISTRIBUTED_MUTANTS})
-             for _, _, body in _answers(find(e))]
-    checked = run_checks([(e, e.cell(body)) for e, body in items], exercise_timeout_s=600)
-    outcomes = {}
-    for (exercise, _), result in zip(items, checked):
-        outcomes.setdefault(exercise.id, []).append(result)
-    return outcomes
+def launch(distributed_catalogue):
+    """Every distributed exercise's answers, as the ranks returned them (the session's one
+    launch, shared with test_checkers.py)."""
+    return {exercise_id: [result for *_, result in entries]
+            for exercise_id, entries in distributed_catalogue.items()}
 
 
 @pytest.mark.slow
@@ -339,5 +327,5 @@ def test_each_mutant_of_a_distributed_judge_is_caught(exercise_id, weakens, orig
                          ids=[f"{m[0]}: {m[1]}" for m in SURVIVORS])
 def test_the_survivors_survive_for_the_reason_given(exercise_id, weakens, original, mutant, why):
     exercise = mutated(exercise_id, original, mutant)
-    verdicts = [_judge_here(exercise, body) for _, _, body in _answers(exercise)]
+    verdicts = [_judge_here(exercise, body) for _, _, body in answers(exercise)]
     assert not caught(exercise, verdicts), f"'{weakens}' is caught now: move it to MUTANTS"
