@@ -49,8 +49,9 @@ FULL = Mode(None, 1024, 16384, 200, 5, 1800.0)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--quick", action="store_true",
-        help=f"dataset {QUICK.dataset}, {QUICK.steps} steps, {QUICK.repeats} repeats: under 3 "
-             "minutes on 2 CPU cores (default: the full matrix, for GPU machines)")
+        help=f"dataset {QUICK.dataset}, {QUICK.steps} steps, {QUICK.repeats} repeats: about 6 "
+             "minutes on 2 CPU cores for every CPU row, predictions included (less with "
+             "--only); default: the full matrix, for GPU machines")
     add("--out", type=Path, default=None, metavar="DIR",
         help="write bench.json/.csv/.png here: a new or empty folder, or an earlier bench's "
              "(default: a new folder under $KOSMOSS_HOME/runs)")

@@ -24,7 +24,7 @@ from helpers import REPO, run_script
 from kosmoss.lessons.course import LESSON_GLOB, QUICK_ENV
 
 LESSONS = sorted(p.name for p in (REPO / "notebooks").glob(LESSON_GLOB))
-CELL_TIMEOUT_S = 600  # lesson 8's cell runs `kosmoss bench --quick` (about 3 minutes here)
+CELL_TIMEOUT_S = 600  # lesson 8's cell runs `kosmoss bench --quick --only ...` (2 minutes here)
 TIMINGS_FILE = "lesson-timings.json"
 EXECUTED_FOLDER = "executed-lessons"  # tests/site builds the web site from what is saved here
 TIME_LINE = r"Time: ~(\d+) min; the cells run in ~(\d+) min on 2 CPU cores"
