@@ -28,8 +28,8 @@
 #             nothing exchanged; + one flat all-reduce; + DDP (kosmoss.bench.ddp_anatomy)
 #
 # Options: --out DIR (default $OUT, else runs/gpu-check-<time>) --wheels DIR (gpu-wheels)
-# --only STEP,... --tests PATH,... (what pytest collects: tests) --budget SECONDS (560: the
-# device tool stops a call at 600; a step that no longer fits is reported as not run)
+# --only STEP,... --tests PATH,... (what pytest collects: tests) --budget SECONDS (560: a
+# remote runner that stops a command at 600 s; a step that no longer fits is reported not run)
 # --columns N (131072) --gpu-batch N (16384).
 # Writes into the output folder, 7 files: gpu-report.md (step, result, command, figure),
 # results.json, gpu-check.log, pytest-gpu.log, bench.json, bench.csv, bench.png.
@@ -49,7 +49,7 @@ source scripts/gpu_wheels.sh  # CARRIED, WHEEL_DIR_DEFAULT, wheel_glob
 # prediction); the step adds the DDP lines, for when the budget allows.
 STEPS=(install env data pytest headline bf16 ghost bench sweep anatomy ladder top lessons)
 NEEDS_DATA=(headline bf16 sweep bench anatomy ladder top)
-# What one call runs: each profile fits the device tool's 10-minute call with room to spare
+# What one call runs: each profile fits a 10-minute remote command with room to spare
 # (an H100 on 2026-11-26 took 330 s for check's steps). install always runs.
 declare -A PROFILES=([check]="env,data,pytest,headline,bf16,ghost"
                      [bench]="data,bench,sweep,anatomy"
@@ -908,7 +908,7 @@ def lesson_cells(notebook):
 def cleanup(scratch):
     """SIGKILL what this check started and left running: processes whose KOSMOSS_HOME is
     under the scratch folder (the ghost's rank and a timed-out bench row start sessions of
-    their own, so the device tool would leave them running)."""
+    their own, so a remote runner that ends the command would leave them running)."""
     import psutil
 
     scratch = str(Path(scratch).resolve())

@@ -92,7 +92,7 @@ main() {
     fetch_carried "$dir"
     build_kosmoss "$dir"
     ls -l "$dir"
-    echo "gpu_wheels.sh: $(du -sh "$dir" | cut -f1) in $dir (the device tool carries at most 64 MiB)"
+    echo "gpu_wheels.sh: $(du -sh "$dir" | cut -f1) in $dir (keep it under 64 MiB if your remote runner copies at most that)"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
