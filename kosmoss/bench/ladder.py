@@ -38,6 +38,7 @@ bf16 tolerance of the eager fp32 loop's (tests/bench/test_ladder.py).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -50,6 +51,7 @@ import torch
 from ..core.commandline import OneLineParser, run_command
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import UsageError
+from ..core.files import atomic_write_json
 from ..data.loading import SPLITS, split_indices
 from ..data.store import open_dataset
 from ..run.graphs import bf16_inputs
@@ -440,14 +442,45 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not (dataset / "metadata.json").is_file():
             raise UsageError(f"--dataset {dataset}: not a prepared dataset (no metadata.json); "
                              "prepare one with kosmoss data prepare")
+        if args.out:
+            checked_out(Path(args.out))  # before minutes of GPU time, not after
         figures = run_ladder(dataset, rungs, args.batch_size, args.steps, device, args.seed,
                              also=also)
         if args.out:
             single = len(figures["rows"]) == 1
-            Path(args.out).write_text(json.dumps(as_result(figures) if single else figures,
-                                                 indent=2))
+            try:
+                atomic_write_json(args.out, as_result(figures) if single else figures)
+            except OSError as err:
+                raise UsageError(f"--out {args.out}: could not be written ({err.strerror}); "
+                                 "the rows are printed above") from None
 
     return run_command(parser.prog, command, {})
+
+
+def checked_out(path: Path) -> None:
+    """--out: a new file in a folder that exists and can be written, or an earlier ladder's
+    JSON (replaced); never a folder, a device or FIFO, or a file of the user's."""
+    if path.is_dir():
+        raise UsageError(f"--out {path}: is a directory; give a file path")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--out {path}: is not a regular file (a device, a FIFO or a socket); "
+                         "give a file path")
+    if path.exists() and not _earlier_ladder(path):
+        raise UsageError(f"--out {path}: exists and is not a ladder's JSON; give a new path "
+                         "(nothing of yours is overwritten)")
+    parent = path.absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: folder {parent} does not exist or cannot be written")
+
+
+def _earlier_ladder(path: Path) -> bool:
+    try:
+        if path.stat().st_size > 2**24:
+            return False
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and ("rows" in found or "rung" in found)
 
 
 def checked_rungs(names: str, device: str, flag: str = "--rungs") -> List[Rung]:

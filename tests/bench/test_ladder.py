@@ -4,8 +4,10 @@ test at the end (skipped here); the others run on CPU."""
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -186,6 +188,47 @@ def test_off_the_ladder_rungs_come_after_it_and_say_so(dataset, tmp_path):
     assert [(r["rung"], r["batch_size"], r["off_ladder"]) for r in rows] == [
         ("resident", 64, False), ("bf16", 64, False), ("bf16", 128, False),
         ("fused", 64, True)]
+
+
+@pytest.mark.parametrize("out, said", [
+    ("{tmp}", "is a directory"),
+    ("/dev/null", "is not a regular file"),
+    ("{tmp}/fifo", "is not a regular file"),
+    ("{tmp}/mine.txt", "is not a ladder's JSON"),
+    ("{tmp}/nowhere/ladder.json", "does not exist or cannot be written"),
+])
+def test_a_bad_out_is_one_line_before_anything_runs(dataset, tmp_path, capsys, out, said):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "mine.txt").write_text("the user's notes")
+    path = out.format(tmp=tmp_path)
+    started = time.monotonic()
+    assert ladder.main(["--dataset", str(dataset.path), "--device", "cpu", "--rungs",
+                        "resident", "--batch-size", "64", "--steps", "8", "--out", path]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {path}" in err and said in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "mine.txt").read_text() == "the user's notes"
+    assert time.monotonic() - started < 5  # refused before a rung ran
+
+
+def test_a_full_disk_at_the_end_is_one_line_and_the_rows_were_printed(dataset, tmp_path,
+                                                                       capsys, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ladder, "atomic_write_json", full)
+    assert ladder.main(["--dataset", str(dataset.path), "--device", "cpu", "--rungs",
+                        "resident", "--batch-size", "64", "--steps", "8", "--out",
+                        str(tmp_path / "ladder.json")]) == 2
+    printed = capsys.readouterr()
+    assert "No space left on device" in printed.err and "resident" in printed.out
+
+
+def test_an_earlier_ladders_json_is_replaced(dataset, tmp_path):
+    out = tmp_path / "ladder.json"
+    out.write_text(json.dumps({"rows": []}))
+    assert ladder.main(["--dataset", str(dataset.path), "--device", "cpu", "--rungs",
+                        "resident", "--batch-size", "64", "--steps", "8", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rung"] == "resident"
 
 
 def test_a_folder_that_is_no_dataset_is_one_line(tmp_path, capsys):
