@@ -112,12 +112,16 @@ assert set(holders) <= set(nodes) and holders, "the store lives in a node proces
 launcher.kill()  # SIGKILL: the launcher cannot clean up
 launcher.wait()
 deadline = time.monotonic() + 10
-while any(running(pid) for pid in nodes) and time.monotonic() < deadline:
+# The kernel closes a dead process's sockets as it exits, and a process the nodes started
+# exits on its own parent-death signal a moment later: wait for the port too.
+while (any(running(pid) for pid in nodes) or not port_is_free(port)) and \
+        time.monotonic() < deadline:
     time.sleep(0.2)
 print(f"launcher killed; node processes still alive: {[p for p in nodes if running(p)]}; "
       f"port {port} free: {port_is_free(port)}")
 assert not any(running(pid) for pid in nodes), "a node process outlived its launcher"
-assert port_is_free(port), f"MASTER_PORT {port} still held after the launcher died"
+assert port_is_free(port), \
+    f"MASTER_PORT {port} still held after the launcher died, by pid(s) {port_holders(port)}"
 
 # %% [markdown]
 # Who holds `MASTER_PORT` is worth knowing exactly. It is not "the run": it is the
