@@ -101,6 +101,8 @@ class Sheet(NamedTuple):
 # these). Lightning's get_available_flops holds the same figures for these chips but finds
 # no entry for a device named "NVIDIA H200", and lists the H200's sparse ones: hence a table
 # here (tests/bench/test_ladder.py checks it against Lightning's where both have a chip).
+_A100_80GB = Sheet(19.5e12, 156e12, 312e12, 2.039e12, "NVIDIA A100 datasheet: 19.5 TFLOPS "
+                   "FP32, 156 TF32, 312 BF16 dense; 2,039 GB/s")
 DATASHEETS = {
     "H200": Sheet(67e12, 494.5e12, 989.5e12, 4.8e12, "NVIDIA H200 SXM datasheet: 67 TFLOPS "
                   "FP32, 494.5 TF32, 989.5 BF16 dense; 4.8 TB/s"),
@@ -108,10 +110,9 @@ DATASHEETS = {
                             "67 TFLOPS FP32, 494.7 TF32, 989.4 BF16 dense; 3.35 TB/s"),
     "H100 PCIe": Sheet(51.2e12, 378e12, 756e12, 2.0e12, "NVIDIA H100 PCIe datasheet: 51 TFLOPS "
                        "FP32, 378 TF32, 756 BF16 dense; 2 TB/s"),
-    "A100-SXM4-80GB": Sheet(19.5e12, 156e12, 312e12, 2.039e12, "NVIDIA A100 datasheet: 19.5 "
-                            "TFLOPS FP32, 156 TF32, 312 BF16 dense; 2,039 GB/s"),
-    "A100-SXM4-40GB": Sheet(19.5e12, 156e12, 312e12, 1.555e12, "NVIDIA A100 datasheet: 19.5 "
-                            "TFLOPS FP32, 156 TF32, 312 BF16 dense; 1,555 GB/s"),
+    "A100-SXM4-80GB": _A100_80GB,
+    "A100-SXM4-40GB": _A100_80GB._replace(  # the same chip, less and slower memory
+        bandwidth=1.555e12, source=_A100_80GB.source.replace("2,039", "1,555")),
     "L4": Sheet(30.3e12, 60e12, 121e12, 0.3e12, "NVIDIA L4 datasheet: 30.3 TFLOPS FP32, 60 "
                 "TF32, 121 BF16 dense; 300 GB/s"),
 }
