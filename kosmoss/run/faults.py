@@ -42,7 +42,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     leaves half done in checkpoints/. Here the file is written beside its name, flushed to
     disk, then renamed: a checkpoint is whole or absent, and a full disk is one line."""
 
-
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
@@ -63,8 +62,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class _KeepsWriteErrors:
-    """A file whose write errors are kept: torch.save reports them as a RuntimeError
-    ("unexpected pos"), which says neither that the disk is full nor which file."""
+    """A file whose write errors are kept: torch.save reports whatever its write raised as a
+    RuntimeError ("unexpected pos"), which says neither that the disk is full nor which file,
+    and turns a Ctrl-C that lands in the write (Stopped, KeyboardInterrupt) into a failure."""
 
     def __init__(self, handle) -> None:
         self.handle, self.error = handle, None
@@ -72,7 +72,7 @@ class _KeepsWriteErrors:
     def write(self, data) -> int:
         try:
             return self.handle.write(data)
-        except OSError as err:
+        except BaseException as err:  # a signal's exception too: its handler runs here
             self.error = err
             raise
 

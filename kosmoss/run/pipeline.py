@@ -138,8 +138,16 @@ def _stopped_said(plan: RunPlan) -> Iterator[None]:
     try:
         yield
     except records.Stopped as stop:
-        raise records.Stopped(stop.signum, f"stopped by {stop.signal_name} before a checkpoint "
-                              f"could be saved (run {plan.run_id}, recorded stopped)") from None
+        raise records.Stopped(stop.signum, _stop_line(plan, stop.signal_name)) from None
+
+
+def _stop_line(plan: RunPlan, signal_name: str) -> str:
+    """A stop during training (Ctrl-C) may come after epochs' checkpoints: say it resumes."""
+    if any(path.is_file() for path in (plan.run_dir / "checkpoints").glob("*.ckpt")):
+        return (f"stopped by {signal_name} (run {plan.run_id}, recorded stopped); "
+                f"--resume {plan.run_id} goes on from its newest checkpoint")
+    return (f"stopped by {signal_name} before a checkpoint could be saved (run {plan.run_id}, "
+            "recorded stopped)")
 
 
 def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:

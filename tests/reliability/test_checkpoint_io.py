@@ -1,17 +1,21 @@
 """A full disk while a checkpoint is written leaves no truncated checkpoint: the file is
 written beside its name and renamed (kosmoss.run.train.AtomicCheckpointIO), and every run's
-Trainer writes its checkpoints that way."""
+Trainer writes its checkpoints that way. A Ctrl-C that lands while one is written stops the
+run as anywhere else (torch.save would turn it into a RuntimeError: a failed run, exit 1)."""
 import contextlib
 import errno
 import os
+import signal
 import subprocess
 
 import pytest
 import torch
 
 from kosmoss.core.errors import RunFailed
-from kosmoss.run import RunConfig
+from kosmoss.launch.records import Stopped
+from kosmoss.run import RunConfig, faults
 from kosmoss.run.faults import AtomicCheckpointIO
+from kosmoss.run.pipeline import signals_stop_the_run
 from kosmoss.run.train import build_trainer
 
 
@@ -78,3 +82,80 @@ def test_every_run_writes_its_checkpoints_aside(shared_home, monkeypatch):
     monkeypatch.setenv("KOSMOSS_HOME", str(shared_home))
     trainer = build_trainer(prepare(RunConfig(dataset="tiny", progress=False)), [])
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def interrupting_open(monkeypatch, at_write: int, after: int = 0):
+    """``open`` in kosmoss.run.faults, whose files get a real SIGINT sent to this process
+    during their ``at_write``-th write, from the ``after``-th file opened on: Python runs the
+    handler there, inside torch.save's call back into Python."""
+    opened = []
+
+    class Interrupting:
+        def __init__(self, handle):
+            self.handle, self.writes = handle, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == at_write and len(opened) > after:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    def interrupting(file, mode="r", *args, **kwargs):
+        opened.append(file)
+        return Interrupting(open(file, mode, *args, **kwargs))
+
+    monkeypatch.setattr(faults, "open", interrupting, raising=False)
+    return opened
+
+
+@pytest.mark.parametrize("at_write", [1, 2, 5])
+@pytest.mark.parametrize("handler", ["kosmoss", "python"])
+def test_ctrl_c_inside_a_checkpoint_write_stops_and_keeps_the_previous_one(
+        tmp_path, monkeypatch, at_write, handler):
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 1, "weights": torch.zeros(1000)}, target)
+    before = target.read_bytes()
+    interrupting_open(monkeypatch, at_write)
+    expected = Stopped if handler == "kosmoss" else KeyboardInterrupt
+    guard = signals_stop_the_run() if handler == "kosmoss" else contextlib.nullcontext()
+    with guard, pytest.raises(expected) as stop:  # not torch.save's RuntimeError
+        io.save_checkpoint({"global_step": 2, "weights": torch.ones(100_000)}, target)
+    if handler == "kosmoss":
+        assert stop.value.signum == signal.SIGINT
+    assert target.read_bytes() == before
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no leftover
+
+
+@pytest.mark.slow
+def test_a_run_whose_ctrl_c_lands_in_an_epochs_checkpoint_is_stopped(
+        shared_home, tmp_path, monkeypatch):
+    from stops import batches_per_epoch, run_in_process
+
+    from kosmoss.launch import records
+
+    tiny = shared_home / "data" / "tiny"
+    home = tmp_path / "home"
+    opened = interrupting_open(monkeypatch, at_write=2, after=1)  # the second checkpoint
+    with pytest.raises(Stopped) as stop:
+        run_in_process(home, monkeypatch, dataset=str(tiny), batch_size=64, hidden=(16,),
+                       max_epochs=5)
+    assert stop.value.signum == signal.SIGINT and len(opened) == 2
+    run_dir = next((home / "runs").iterdir())
+    assert records.read_run(run_dir)["state"] == records.STOPPED
+    assert f"--resume {run_dir.name} goes on from its newest checkpoint" in str(stop.value)
+    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert not [name for name in saved if ".tmp-" in name], saved
+    first_epoch = batches_per_epoch(tiny, 64)
+    steps = {torch.load(run_dir / "checkpoints" / name, weights_only=False)["global_step"]
+             for name in saved}
+    assert steps == {first_epoch}, (saved, steps)  # the first epoch's, whole
