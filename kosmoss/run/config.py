@@ -88,9 +88,13 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
         raise ConfigError("max_steps", f"{{field}} {config.max_steps}: must be >= 1 (or -1 for "
                           "no limit)")
     _one_of(config.scale_lr, LR_RULES, "scale_lr")
-    # The rate, warmup and base batch now; what depends on the world size once it is known.
-    plan_scaling(config.batch_size, config.lr, config.scale_lr,
-                 base_batch_size=config.base_batch_size, warmup_steps=config.warmup_steps)
+    # The rate, warmup and base batch now, with the world size where the flags alone decide
+    # it (the rest once the launcher's is known): --batch-size 255 --num-processes 2 is one
+    # line before torch is imported, not after seconds of imports.
+    nodes, processes = _world_from_flags(config)
+    plan_scaling(config.batch_size, config.lr, config.scale_lr, num_nodes=nodes,
+                 devices_per_node=processes, base_batch_size=config.base_batch_size,
+                 warmup_steps=config.warmup_steps)
     _one_of(config.precision, PRECISIONS, "precision")
     _one_of(config.strategy, STRATEGIES, "strategy")
     _one_of(config.mode, MODES, "mode")
@@ -112,6 +116,21 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
     if config.resume:
         run_folder(config.resume)
     return _warnings(config)
+
+
+# Set by the launchers whose world size is theirs to decide (torchrun, srun, horovodrun,
+# mpirun, kosmoss's simulated nodes): found by name, since asking Lightning imports torch.
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                      "SLURM_NTASKS", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                      "KOSMOSS_SIMULATED_NODES")
+
+
+def _world_from_flags(config: RunConfig) -> Tuple[int, int]:
+    """(nodes, processes per node) as the flags give them outside any launcher; (1, 1) where
+    a launcher or a resumed run decides."""
+    if config.resume or any(name in os.environ for name in LAUNCHER_VARIABLES):
+        return 1, 1
+    return config.num_nodes or 1, config.num_processes or 1
 
 
 def check_hosts(hosts: str, num_nodes: Optional[int], link_rate: Optional[str]) -> None:

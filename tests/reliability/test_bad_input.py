@@ -28,6 +28,10 @@ def _imported_modules(args):
     (["trainup_gpu.py", "--gpus", "0"], "--gpus 0: must be >= 1"),
     (["trainup_cpu.py", "--resume", "nope"], "--resume nope: no such run"),
     (["-m", "kosmoss", "train", "--max-epochs", "0"], "--max-epochs 0: must be >= 1"),
+    (["trainup_cpu.py", "--batch-size", "255", "--num-processes", "2"],
+     "--batch-size 255 is not divisible by the world size 2: use a multiple of 2"),
+    (["-m", "kosmoss", "train", "--num-nodes", "2", "--num-processes", "2", "--batch-size", "3"],
+     "--batch-size 3 is smaller than the world size 4"),
 ])
 def test_usage_errors_come_before_torch_is_imported(args, names):
     proc, modules, errors = _imported_modules(args)
