@@ -48,6 +48,7 @@ def run_from_command_line(prog: str, config: RunConfig) -> None:
     try:
         run(config)
     except records.Stopped as stop:
+        _ignore_stop_signals()  # this process ends now: a Ctrl-C pressed again must not cut it
         if speaks:
             print(f"{prog}: {stop}", file=sys.stderr)
         raise SystemExit(stop.exit_code) from None
@@ -122,6 +123,9 @@ def signals_stop_the_run() -> Iterator[None]:
         return
 
     def stop(signum, frame):
+        # As Lightning does on Ctrl-C: the ones pressed after it must not interrupt the
+        # teardown and the records (the caller's handlers come back when the block ends).
+        _ignore_stop_signals()
         raise records.Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in START_UP_SIGNALS}
@@ -130,6 +134,12 @@ def signals_stop_the_run() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _ignore_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+        for sig in START_UP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -77,11 +77,16 @@ class StopOnSignal(LeanCallback):
         if private.on_last_batch(trainer):
             return  # every rank has as many batches: all of them save in on_train_end
         self.stopped_mid_epoch = True
-        trainer.save_checkpoint(self.checkpoint)
+        self._save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.stopped_by and not self.stopped_mid_epoch:
-            trainer.save_checkpoint(self.checkpoint)
+            self._save(trainer)
+
+    def _save(self, trainer) -> None:
+        # All of it (optimizer, loops, callbacks), said: Lightning logs a line per rank when
+        # weights_only is left unset, the one line of a stopped run of simulated nodes.
+        trainer.save_checkpoint(self.checkpoint, weights_only=False)
 
     def _agree(self, trainer, device) -> int:
         """One all-reduce (max) of [signal, -steps until the next check]: the signal any rank

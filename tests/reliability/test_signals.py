@@ -3,6 +3,7 @@ signal's number, run.json ``stopped``, nothing left running. (Signals during tra
 tests/test_trainup_cpu.py, they checkpoint and resume bit for bit.)"""
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -59,5 +60,26 @@ def test_ctrl_c_is_recorded_stopped_with_exit_code_130(shared_home, tmp_path):
         record = run_records.read_run(run_dir(home))
         assert record["state"] == run_records.STOPPED, record
         wait_for(lambda: not processes_of(home), "the data workers to end", timeout=10)
+    finally:
+        end_all(home, launcher)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap_s", [0.005, 0.05])
+def test_ctrl_c_pressed_again_while_the_run_ends_changes_nothing(shared_home, tmp_path, gap_s):
+    """A user presses Ctrl-C three times: the presses after the first came as a traceback
+    from an exit handler, or cut the records short and killed the launcher by SIGINT."""
+    home = tmp_path / "home"
+    launcher = start(home, shared_home / "data" / "tiny", new_session=True)
+    try:
+        wait_for(lambda: trained(home, ranks=1, step=1), "a trained step")
+        for _ in range(3):
+            os.killpg(launcher.pid, signal.SIGINT)
+            time.sleep(gap_s)
+        assert exit_code(home, launcher) == 128 + signal.SIGINT, stderr_of(home)[-3000:]
+        _one_line(home, "stopped by SIGINT")
+        assert len(stderr_of(home).strip().splitlines()) == 1, stderr_of(home)[-3000:]
+        assert run_records.read_run(run_dir(home))["state"] == run_records.STOPPED
+        assert {r["state"] for r in records(home)} == {run_records.STOPPED}
     finally:
         end_all(home, launcher)

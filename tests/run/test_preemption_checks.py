@@ -48,7 +48,8 @@ def fake_trainer(world: World, rank: int, size: int) -> SimpleNamespace:
                               fit_loop=endless_epoch())
     trainer.strategy = SimpleNamespace(
         reduce=lambda tensor, reduce_op: world.reduce(rank, tensor))
-    trainer.save_checkpoint = lambda path: trainer.saved.append((path, trainer.global_step))
+    trainer.save_checkpoint = lambda path, weights_only: trainer.saved.append(
+        (path, trainer.global_step))
     return trainer
 
 
@@ -109,7 +110,7 @@ def test_one_process_checks_its_own_flag_every_step_without_a_collective(monkeyp
     trainer = SimpleNamespace(world_size=1, global_step=7,
                               strategy=SimpleNamespace(reduce=no_collective), saved=[],
                               fit_loop=endless_epoch())
-    trainer.save_checkpoint = lambda path: trainer.saved.append(path)
+    trainer.save_checkpoint = lambda path, weights_only: trainer.saved.append(path)
     module = SimpleNamespace(device=torch.device("cpu"))
     callback.on_train_batch_end(trainer, module, None, None, 6)
     assert not stopped(trainer)
