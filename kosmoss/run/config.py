@@ -19,6 +19,7 @@ from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.cpus import available_cores
 from ..engines import ENGINE_NAMES
+from ..launch.topology import SIMULATED_NODE_ENV
 from ..scaling.arithmetic import LR_RULES
 from ..scaling.arithmetic import plan as plan_scaling
 
@@ -122,7 +123,7 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
 # mpirun, kosmoss's simulated nodes): found by name, since asking Lightning imports torch.
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                       "SLURM_NTASKS", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                      "KOSMOSS_SIMULATED_NODES")
+                      SIMULATED_NODE_ENV)
 
 
 def _world_from_flags(config: RunConfig) -> Tuple[int, int]:
