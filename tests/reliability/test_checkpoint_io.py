@@ -19,6 +19,27 @@ from kosmoss.run.pipeline import signals_stop_the_run
 from kosmoss.run.train import build_trainer
 
 
+class _Watched:
+    """A file whose every write first goes through ``before_write(self, data)``, which may
+    raise what the test needs (a full disk) or send a signal."""
+
+    def __init__(self, handle, before_write):
+        self.handle, self.before_write = handle, before_write
+
+    def write(self, data):
+        self.before_write(self, data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
 @contextlib.contextmanager
 def _small_disk(path, monkeypatch, size_kib=256):
     """A 256 KiB tmpfs where root may mount one; elsewhere, writes there fail with ENOSPC
@@ -33,28 +54,15 @@ def _small_disk(path, monkeypatch, size_kib=256):
         return
     real_open = open
 
-    class Full:
-        def __init__(self, handle):
-            self.handle, self.written = handle, 0
-
-        def write(self, data):
-            self.written += len(data)
-            if self.written > size_kib * 1024:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return self.handle.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
+    def fill_up(file, data):
+        file.written = getattr(file, "written", 0) + len(data)
+        if file.written > size_kib * 1024:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def small_open(file, mode="r", *args, **kwargs):
         handle = real_open(file, mode, *args, **kwargs)
-        return Full(handle) if str(file).startswith(str(path)) and "w" in mode else handle
+        return (_Watched(handle, fill_up) if str(file).startswith(str(path)) and "w" in mode
+                else handle)
 
     monkeypatch.setattr("builtins.open", small_open)
     yield path
@@ -90,28 +98,14 @@ def interrupting_open(monkeypatch, at_write: int, after: int = 0):
     handler there, inside torch.save's call back into Python."""
     opened = []
 
-    class Interrupting:
-        def __init__(self, handle):
-            self.handle, self.writes = handle, 0
-
-        def write(self, data):
-            self.writes += 1
-            if self.writes == at_write and len(opened) > after:
-                os.kill(os.getpid(), signal.SIGINT)
-            return self.handle.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
+    def interrupt(file, data):
+        file.writes = getattr(file, "writes", 0) + 1
+        if file.writes == at_write and len(opened) > after:
+            os.kill(os.getpid(), signal.SIGINT)
 
     def interrupting(file, mode="r", *args, **kwargs):
         opened.append(file)
-        return Interrupting(open(file, mode, *args, **kwargs))
+        return _Watched(open(file, mode, *args, **kwargs), interrupt)
 
     monkeypatch.setattr(faults, "open", interrupting, raising=False)
     return opened
