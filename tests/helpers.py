@@ -1,6 +1,8 @@
 """Helpers the tests import (conftest.py only holds fixtures: its module name is shared)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import pytest
 
 from kosmoss.data.schema import ColumnSchema
 
@@ -65,3 +68,37 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str,
         time.sleep(0.2)
     tail = log.read_text()[-3000:] if log and log.exists() else ""
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size_kib: int = 64, *, read_only: bool = False,
+                full: bool = False):
+    """A tmpfs of ``size_kib`` at ``folder``, read-only or filled up if asked, unmounted
+    after: a real EROFS or ENOSPC from the kernel. Mounting needs root: the test skips
+    elsewhere."""
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_kib}k" + (",ro" if read_only else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
+                                            str(folder)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        if full:
+            fill_up(folder)
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def fill_up(folder: Path) -> None:
+    """Write zeros into ``folder`` until its file system says it is full."""
+    with open(folder / "filler", "wb") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        except OSError as err:
+            assert err.errno == errno.ENOSPC, err
+
+
+def resize_tmpfs(folder: Path, size_kib: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size_kib}k", str(folder)], check=True)

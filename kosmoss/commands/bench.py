@@ -23,6 +23,7 @@ from typing import List, Optional
 from rich.console import Console
 from rich.table import Table
 
+from ..core import files
 from ..core.commandline import command_main
 from ..core.errors import RunFailed, UsageError
 
@@ -111,11 +112,12 @@ def _run(args, chosen, out_dir: Path) -> None:
     rows = run_matrix(chosen, plan, machine, out_dir, echo, between_rounds=probes.measure)
     prediction = predict_rows(chosen, rows, plan, out_dir, echo, probes.found)
     bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick, prediction)
-    written = report.write_all(bench, out_dir)
     if args.json:
         print(json.dumps(bench, indent=2))
     else:
         _console().print(report.table(bench))
+    with files.writing_into(out_dir):
+        written = report.write_all(bench, out_dir)
     echo("wrote " + ", ".join(str(path) for path in written))
     failed = [row["id"] for row in bench["rows"] if row["status"] == "failed"]
     if failed:
@@ -201,15 +203,10 @@ def output_folder(out: Optional[Path]) -> Path:
     from ..core import paths
 
     if out is None:
-        return paths.runs_root() / f"bench-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
-    out = out.expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; give a folder (new, empty, or an earlier "
-                         "bench's)")
-    if out.is_dir() and any(out.iterdir()) and not (out / "bench.json").is_file():
-        raise UsageError(f"--out {out}: not empty and holds no bench.json; give a new or empty "
-                         "folder, or an earlier bench's")
-    return out
+        default = paths.runs_root() / f"bench-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+        files.check_writable(default, "KOSMOSS_HOME", "set KOSMOSS_HOME or give --out DIR")
+        return default
+    return files.output_folder(out, "bench.json", "bench's")
 
 
 def show_list(chosen, machine) -> None:

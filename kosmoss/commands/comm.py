@@ -24,6 +24,7 @@ from typing import Optional
 
 from rich.console import Console
 
+from ..core import files
 from ..core.commandline import command_main
 from ..core.errors import UsageError
 
@@ -86,12 +87,13 @@ def comm_command(args: argparse.Namespace) -> None:
             plan = on_hosts(plan, made)
             progress.print(f"over {made.describe()}", markup=False)
         result = measure(plan)
-    written = report.write_all(result, out_dir)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(
             report.table(result))
+    with files.writing_into(out_dir):
+        written = report.write_all(result, out_dir)
     progress.print("wrote " + ", ".join(map(str, written)), markup=False)
 
 
@@ -129,15 +131,10 @@ def output_folder(out: Optional[Path]) -> Path:
     from ..core import paths
 
     if out is None:
-        return paths.runs_root() / f"comm-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
-    out = out.expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; give a folder (new, empty, or an earlier "
-                         "kosmoss comm's)")
-    if out.is_dir() and any(out.iterdir()) and not (out / "comm.json").is_file():
-        raise UsageError(f"--out {out}: not empty and holds no comm.json; give a new or empty "
-                         "folder")
-    return out
+        default = paths.runs_root() / f"comm-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+        files.check_writable(default, "KOSMOSS_HOME", "set KOSMOSS_HOME or give --out DIR")
+        return default
+    return files.output_folder(out, "comm.json", "kosmoss comm's")
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ without the figures a projection needs, counts below 1) is one line and exit cod
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ from rich.table import Table
 
 from ..core.commandline import command_main
 from ..core.errors import UsageError
+from ..core.files import (atomic_write_json, atomic_write_text, atomic_write_with, output_folder,
+                          read_json, writing_into)
 
 HELP = ("predicted DDP scaling (N devices per node x M nodes): step time, samples/s, "
         "efficiency, communication share, break-even, the dominant assumption")
@@ -103,12 +106,13 @@ def project_command(args: argparse.Namespace) -> None:
                            cores_per_node=_cores(args) if cpu else None, weak=args.weak,
                            one_machine=args.one_machine or _comm_on_one_machine(args))
     result = _result(args, profile, shape, base, rows, batch)
-    if out_dir is not None:
-        _write(result, out_dir)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print(result)
+    if out_dir is not None:
+        with writing_into(out_dir):
+            _write(result, out_dir)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -132,7 +136,7 @@ def _links(args: argparse.Namespace, device: str):
     measured = (None, None)
     if args.comm is not None:
         try:
-            measured = links_from_comm(json.loads(args.comm.expanduser().read_text()))
+            measured = links_from_comm(_read_comm(args.comm))
         except (OSError, ValueError) as err:
             raise UsageError(f"--comm {args.comm}: not readable ({err}); give kosmoss comm's "
                              "comm.json") from None
@@ -147,7 +151,11 @@ def _links(args: argparse.Namespace, device: str):
 def _comm_on_one_machine(args: argparse.Namespace) -> bool:
     from ..scaling.projection import comm_on_one_machine
 
-    return args.comm is not None and comm_on_one_machine(json.loads(args.comm.read_text()))
+    return args.comm is not None and comm_on_one_machine(_read_comm(args.comm))
+
+
+def _read_comm(path: Path) -> dict:
+    return read_json(path.expanduser())
 
 
 def _device(args: argparse.Namespace) -> str:
@@ -267,15 +275,7 @@ def summary_lines(result: dict) -> List[str]:
 
 
 def _output_folder(out: Optional[Path]) -> Optional[Path]:
-    if out is None:
-        return None
-    out = out.expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "project.json").is_file():
-        raise UsageError(f"--out {out}: not empty and holds no project.json; give a new or "
-                         "empty folder")
-    return out
+    return None if out is None else output_folder(out, "project.json", "projection's")
 
 
 CSV_COLUMNS = ("devices_per_node", "nodes", "world", "global_batch", "per_device_batch",
@@ -287,11 +287,12 @@ def _write(result: dict, out_dir: Path) -> None:
     import csv
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "project.json").write_text(json.dumps(result, indent=2) + "\n")
-    with (out_dir / "project.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(result["rows"])
+    atomic_write_json(out_dir / "project.json", result)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(result["rows"])
+    atomic_write_text(out_dir / "project.csv", table.getvalue())
     _write_png(result, out_dir / "project.png")
 
 
@@ -315,7 +316,7 @@ def _write_png(result: dict, path: Path) -> None:
                    title="predicted efficiency", ylim=(0, 1.05))
     efficiency.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     speed.legend(fontsize=8)
-    figure.savefig(path, format="png", dpi=110)
+    atomic_write_with(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from ..core.commandline import command_main
-from ..core.errors import UsageError
+from ..core.errors import RunFailed, UsageError
+from ..core.files import atomic_write_text, check_writable
 
 HELP = "the Python stack of every process of a live run, grouped, the odd rank named (py-spy)"
 
@@ -46,9 +47,12 @@ def stacks_command(args: argparse.Namespace) -> None:
     if args.out is None:
         sys.stdout.write(text)
         return
-    from ..core.files import atomic_write_text
-
-    atomic_write_text(args.out, text)
+    try:
+        atomic_write_text(args.out, text)
+    except OSError as err:
+        sys.stdout.write(text)  # a hung run's stacks may not come again: never lose them
+        raise RunFailed(f"--out {args.out}: could not write it ({err.strerror or err}); the "
+                        "stacks are printed above instead") from None
     print(f"stacks of run {result.run.run_id} ({len(result.processes)} processes) in {args.out}")
 
 
@@ -59,6 +63,7 @@ def check_out(out: Path) -> None:
         raise UsageError(f"--out {out}: exists; give a new file name (nothing is overwritten)")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    check_writable(out, "--out", "give a file in another folder")
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,16 @@
 """Writing files so that a reader never sees half of one: a temporary file beside the
-target, then ``os.replace`` (atomic on POSIX). The one helper every writer of kosmoss uses."""
+target, then ``os.replace`` (atomic on POSIX). The one helper every writer of kosmoss uses.
+And reading a JSON file a user named, so that a FIFO or a device cannot hang or fill memory."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Union
+
+from .errors import RunFailed, UsageError
 
 
 def atomic_write_with(path: Union[str, Path], write: Callable[[Path], None]) -> Path:
@@ -17,6 +22,10 @@ def atomic_write_with(path: Union[str, Path], write: Callable[[Path], None]) -> 
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename in (None, str(tmp)):  # a full disk's write names no file: name it
+            err.filename = str(path)
+        raise
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write failed (disk full, ...)
     return path
@@ -32,3 +41,78 @@ def atomic_write_text(path: Union[str, Path], text: str) -> Path:
 
 def atomic_write_json(path: Union[str, Path], data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+JSON_MAX_BYTES = 64 * 2**20  # a result.json with a validation curve of a million points
+
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_json(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> Any:
+    """The JSON in ``path`` when it is a regular file of at most ``limit`` bytes; else OSError
+    or ValueError (whose text says why). A FIFO would wait for a writer forever and /dev/zero
+    never ends, so neither is read."""
+    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+            raise ValueError(f"{kind}, not a regular file")
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"over {limit / 2**20:g} MiB, too large for what it should hold")
+    return json.loads(data)
+
+
+MIN_FREE_BYTES = 2**20  # a command's tables, figures and logs; below this the disk is full
+
+
+def output_folder(out: Path, marker: str, whose: str, flag: str = "--out") -> Path:
+    """``out``, checked before anything runs, as the folder a command writes into: new, empty,
+    or an earlier output of the same command (it holds ``marker``, and is replaced); nothing
+    else of the user's is overwritten. It must be on a file system that takes writes, with room."""
+    out = out.expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {out}: is a file; give a folder (new, empty, or an earlier "
+                         f"{whose})")
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise UsageError(f"{flag} {out}: not empty and holds no {marker}; give a new or empty "
+                         f"folder, or an earlier {whose}")
+    check_writable(out, flag)
+    return out
+
+
+def check_writable(folder: Path, flag: str, what_to_do: str = "give another folder") -> None:
+    """``folder`` (or the nearest folder above it that exists) takes new files: not read-only,
+    writable by this user, not full. A one-line UsageError naming ``flag`` otherwise."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {folder}: {existing} is a file, not a folder; {what_to_do}")
+    disk = os.statvfs(existing)
+    if disk.f_flag & os.ST_RDONLY:
+        raise UsageError(f"{flag} {folder}: {existing} is on a read-only file system; "
+                         f"{what_to_do}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {folder}: {existing} is not writable by you; {what_to_do}")
+    free = disk.f_bavail * disk.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise UsageError(f"{flag} {folder}: the disk holding {existing} is full ({free // 1024} "
+                         f"KiB free); free some space or {what_to_do}")
+
+
+@contextlib.contextmanager
+def writing_into(folder: Path, flag: str = "--out") -> Iterator[None]:
+    """A file that cannot be written after the work is done (the disk filled meanwhile) ends
+    the command with one line, exit 1, rather than a traceback; the results were printed."""
+    try:
+        yield
+    except OSError as err:
+        name = Path(err.filename).name if err.filename else "its files"
+        raise RunFailed(f"{flag} {folder}: could not write {name} ({err.strerror or err}); the "
+                        f"results are printed above: free some space or give another {flag}, "
+                        "then run again") from None

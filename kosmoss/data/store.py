@@ -45,7 +45,7 @@ import numpy as np
 import psutil
 
 from ..core.errors import DatasetError, RunFailed
-from ..core.files import atomic_write_json
+from ..core.files import atomic_write_json, read_json
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
@@ -174,7 +174,7 @@ def _write_error(dest: Path, err: OSError) -> Exception:
 def is_kosmoss_dataset(folder: Path) -> bool:
     """Whether ``folder`` holds a metadata.json written by kosmoss (complete or not)."""
     try:
-        metadata = json.loads((Path(folder) / METADATA_FILE).read_text())
+        metadata = read_json(Path(folder) / METADATA_FILE)  # a FIFO there is not waited on
     except (OSError, ValueError):
         return False
     return isinstance(metadata, dict) and metadata.get("format") == FORMAT
@@ -391,8 +391,8 @@ def _read_metadata(path: Path) -> dict:
         raise DatasetError(f"{path}: no {METADATA_FILE}, so not a complete kosmoss dataset "
                            "(interrupted or foreign); prepare it with `kosmoss data prepare`")
     try:
-        metadata = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        metadata = read_json(file)
+    except (OSError, ValueError) as err:
         raise DatasetError(f"{file}: unreadable ({err}); if {path} is a kosmoss dataset, "
                            "delete it and prepare it again") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from ..core.errors import UsageError
+from ..core.errors import RunFailed, UsageError
+from ..core.files import atomic_write_bytes, atomic_write_json, check_writable
 
 LESSON_GLOB = "[0-9][0-9]*_*.py"  # 01_..., and 03b_... for a lesson placed after lesson 3
 SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
@@ -279,6 +280,7 @@ def copy_lessons(dest: Path, files: Dict[str, bytes]) -> List[Copied]:
     there was changed by the learner and is kept as it is."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"--dest {dest}: is a file; give a folder for the lessons")
+    check_writable(dest, "--dest")
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -286,16 +288,24 @@ def copy_lessons(dest: Path, files: Dict[str, bytes]) -> List[Copied]:
                          "folder") from None
     written = _read_manifest(dest)
     report = []
-    for name, content in files.items():
-        target = dest / name
-        status = _status(target, content, written.get(name))
-        if status in ("written", "updated"):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-        if status != "kept":
-            written[name] = _sha256(content)
-        report.append(Copied(name, status))
-    (dest / MANIFEST).write_text(json.dumps({"files": written}, indent=2, sort_keys=True) + "\n")
+    name = MANIFEST
+    try:
+        for name, content in files.items():
+            target = dest / name
+            status = _status(target, content, written.get(name))
+            if status in ("written", "updated"):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                # Whole or not at all: a half-written lesson would pass for the learner's own.
+                atomic_write_bytes(target, content)
+            if status != "kept":
+                written[name] = _sha256(content)
+            report.append(Copied(name, status))
+        name = MANIFEST
+        atomic_write_json(dest / MANIFEST, {"files": dict(sorted(written.items()))})
+    except OSError as err:
+        raise RunFailed(f"--dest {dest}: could not write {name} "
+                        f"({err.strerror or err}); every lesson there is whole: free some space, "
+                        "then run again") from None
     return report
 
 

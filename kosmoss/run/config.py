@@ -5,7 +5,6 @@ with their own flag names (:mod:`kosmoss.run.flags`).
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import asdict, dataclass
@@ -15,6 +14,7 @@ from typing import FrozenSet, Optional, Tuple
 from ..core import paths
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import ConfigError, UsageError
+from ..core.files import read_json
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.cpus import available_cores
@@ -227,18 +227,10 @@ def _check_output(path: Path) -> None:
                           "path in a folder you can write")
 
 
-RESULT_MAX_BYTES = 64 * 2**20  # a result.json with a validation curve of a million points
-
-
 def is_kosmoss_result(path: Path) -> bool:
-    """A result.json kosmoss wrote (its keys), which a new run may replace. Only a regular
-    file is read, and only so far: /dev/zero would never end."""
+    """A result.json kosmoss wrote (its keys), which a new run may replace."""
     try:
-        if not stat.S_ISREG(Path(path).stat().st_mode):
-            return False
-        with open(path, "rb") as handle:
-            text = handle.read(RESULT_MAX_BYTES + 1)
-        data = json.loads(text) if len(text) <= RESULT_MAX_BYTES else None
+        data = read_json(path)  # a FIFO or /dev/zero is not read
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and {"run_id", "run_dir", "world_size", "config"} <= set(data)

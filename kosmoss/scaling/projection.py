@@ -28,7 +28,6 @@ The cost model (docs/scaling.md draws it):
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import UsageError
+from ..core.files import read_json
 from ..run import lightning_private as private
 
 GB = 1e9
@@ -388,7 +388,7 @@ def read_reference(path: Path, row: Optional[str] = None) -> dict:
         raise UsageError(f"--from {path}: no result.json or bench.json there; give a kosmoss "
                          "run folder, its result.json, or a bench.json")
     try:
-        data = json.loads(file.read_text())
+        data = read_json(file)
     except (OSError, ValueError) as err:
         raise UsageError(f"--from {file}: not readable JSON ({err})") from None
     return _bench_reference(data, file, row) if "kosmoss_bench" in data else \

@@ -115,7 +115,9 @@ def test_dest_that_is_a_file_is_one_line_exit_2(tmp_path, capsys):
 def test_dest_that_cannot_be_created_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "file").write_text("mine")
     assert cli.main(["lessons", "--dest", str(tmp_path / "file" / "course")]) == 2
-    assert "cannot create it" in capsys.readouterr().err
+    assert f"{tmp_path / 'file'} is a file, not a folder; give another folder" in \
+        capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "mine"
 
 
 def test_without_jupytext_the_py_lessons_are_copied_and_it_says_so(tmp_path, monkeypatch, capsys):

@@ -4,7 +4,6 @@ result that cannot be written once the run has trained (a full disk) leaves the 
 recorded finished, its result.json in the run folder, and one line that says where."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers import REPO
+from helpers import REPO, small_tmpfs
 
 ARGS = ["--dataset", "tiny", "--no-progress", "--hidden", "16", "--batch-size", "64",
         "--max-steps", "3"]
@@ -43,29 +42,13 @@ def test_a_result_json_that_is_no_regular_file_is_refused_before_anything_runs(
     assert seconds < 10  # refused before torch is imported (it hung or grew to 23 GB)
 
 
-@contextlib.contextmanager
-def _full_disk(folder):
-    """A tmpfs of 64 KiB with a file that fills it; removed after."""
-    folder.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-                                            str(folder)]).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        with open(folder / "filler", "wb") as filler:
-            with contextlib.suppress(OSError):
-                filler.write(b"\0" * (1 << 20))
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
-
-
 @pytest.mark.slow
 def test_a_result_that_cannot_be_written_after_training_is_one_line_and_the_run_is_kept(
         shared_home, tmp_path):
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     (home / "data" / "tiny").symlink_to(shared_home / "data" / "tiny")
-    with _full_disk(tmp_path / "full") as full:
+    with small_tmpfs(tmp_path / "full", full=True) as full:
         done, _ = _trainup(home, *ARGS, "--result-json", str(full / "result.json"))
     lines = [line for line in done.stderr.splitlines() if line.startswith("trainup_cpu.py")]
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, \
