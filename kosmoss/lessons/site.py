@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from ..core.errors import RunFailed, UsageError
+from ..core.files import atomic_write_json, check_writable
 
 MARKER = ".kosmoss-site.json"
 LESSON_PATTERN = re.compile(r"\A(?:executed-)?(\d\d[a-z]?_\w+)\.ipynb\Z")
@@ -137,8 +138,12 @@ def build(executed, out_dir, *, docs: Union[Path, str, None, bool] = True,
     pages["index.html"] = _index(notebooks, documents)
     site = Site(out_dir, {name: f"{name}.html" for name in notebooks},
                 {str(rel): _doc_page(rel) for rel in documents})
-    _replace_earlier_site(out_dir, earlier)
-    site.files = _write(out_dir, pages, _assets(root))
+    try:
+        site.files = _write(out_dir, pages, _assets(root), earlier)
+    except OSError as err:
+        raise RunFailed(f"{flag} {out_dir}: could not write {Path(err.filename or '?').name} "
+                        f"({err.strerror or err}); the earlier site there is as it was: free "
+                        "some space, then build it again") from None
     log(f"site: {len(notebooks)} lessons, {len(documents)} documents -> {out_dir / 'index.html'}")
     return site
 
@@ -148,6 +153,7 @@ def _claim(out_dir: Path, flag: str) -> List[str]:
     when it is a file or a folder holding anything else."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{flag} {out_dir}: is a file; give a folder for the site")
+    check_writable(out_dir, flag)
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return []
     marker = out_dir / MARKER
@@ -414,20 +420,40 @@ def _replace_earlier_site(out_dir: Path, earlier: Iterable[str]) -> None:
             target.unlink()
 
 
-def _write(out_dir: Path, pages: Dict[str, str], assets: Dict[str, Path]) -> List[str]:
+def _write(out_dir: Path, pages: Dict[str, str], assets: Dict[str, Path],
+           earlier: Iterable[str]) -> List[str]:
+    """Every file is written beside its name first; only when all are written is the earlier
+    site removed and the new one renamed into place: a disk that fills keeps the earlier."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for rel, text in pages.items():
-        target = out_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    for rel, source in assets.items():
-        target = out_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    files = sorted([*pages, *assets])
-    (out_dir / MARKER).write_text(json.dumps({"built_by": "kosmoss lessons --site",
-                                               "files": files}, indent=1) + "\n")
+    staged: Dict[str, Path] = {}
+    try:
+        for rel, text in pages.items():
+            staged[rel] = _staged(out_dir / rel, lambda tmp: tmp.write_text(text, "utf-8"))
+        for rel, source in assets.items():
+            staged[rel] = _staged(out_dir / rel, lambda tmp: shutil.copyfile(source, tmp))
+    except OSError:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    _replace_earlier_site(out_dir, earlier)
+    for rel, tmp in staged.items():
+        os.replace(tmp, out_dir / rel)
+    files = sorted(staged)
+    atomic_write_json(out_dir / MARKER, {"built_by": "kosmoss lessons --site", "files": files})
     return files
+
+
+def _staged(target: Path, write: Callable[[Path], object]) -> Path:
+    """``target``'s content written to a temporary file beside it (removed if that fails)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        err.filename = str(target)
+        raise
+    return tmp
 
 
 # ------------------------------------------------------------------ executing

@@ -28,7 +28,7 @@ import pytest
 # collects every module for its -m gpu tests.
 nbformat = pytest.importorskip("nbformat", reason="needs the lessons extra: pip install -e '.[lessons]'")
 
-from helpers import REPO
+from helpers import REPO, small_tmpfs
 
 from kosmoss.core.commandline import run_command
 from kosmoss.core.errors import UsageError
@@ -262,6 +262,23 @@ def test_an_earlier_site_is_replaced_and_only_its_own_files_removed(tmp_path):
         sorted([MARKER, "01_first.html", "index.html", "mine.txt"])
     assert "<title>First again</title>" in (folder / "01_first.html").read_text()
     assert json.loads((folder / MARKER).read_text())["files"] == ["01_first.html", "index.html"]
+
+
+def test_a_disk_that_fills_while_the_site_is_written_keeps_the_earlier_site(tmp_path,
+                                                                           monkeypatch, capsys):
+    from kosmoss.core import files
+
+    monkeypatch.setattr(files, "MIN_FREE_BYTES", 0)  # the disk fills after the check
+    with small_tmpfs(tmp_path / "disk", size_kib=512) as disk:  # a page is about 260 KiB
+        folder = disk / "site"
+        build({"01_first": tiny_notebook("First")}, folder, docs=None)
+        earlier = {p.name: p.read_bytes() for p in folder.iterdir()}
+        big = {f"{n:02d}_next": tiny_notebook(f"Next {n}") for n in range(1, 4)}
+        code = run_command("kosmoss lessons", lambda: build(big, folder, docs=None))
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1, err
+        assert f"--site {folder}: could not write " in err and "No space left" in err
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
 
 
 def test_a_failed_lesson_fails_the_build_naming_the_lesson_and_the_cell(tmp_path, capsys):
