@@ -99,10 +99,16 @@ def check_writable(folder: Path, flag: str, what_to_do: str = "give another fold
                          f"{what_to_do}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {folder}: {existing} is not writable by you; {what_to_do}")
-    free = disk.f_bavail * disk.f_frsize
+    free = free_bytes(existing)
     if free < MIN_FREE_BYTES:
         raise UsageError(f"{flag} {folder}: the disk holding {existing} is full ({free // 1024} "
                          f"KiB free); free some space or {what_to_do}")
+
+
+def free_bytes(folder: Path) -> int:
+    """What this user may still write on the file system holding ``folder``."""
+    disk = os.statvfs(folder)
+    return disk.f_bavail * disk.f_frsize
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from typing import FrozenSet, Optional, Tuple
 from ..core import paths
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import ConfigError, UsageError
-from ..core.files import read_json
+from ..core.files import MIN_FREE_BYTES, free_bytes, read_json
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.cpus import available_cores
@@ -160,6 +160,10 @@ def check_home_writable() -> None:
     if existing is None or not existing.is_dir() or not _writable(existing):
         raise UsageError(f"KOSMOSS_HOME {paths.home()}: {existing} cannot be written (runs go "
                          f"to {runs}); set KOSMOSS_HOME to a folder you can write")
+    if free_bytes(existing) < MIN_FREE_BYTES:
+        raise UsageError(f"KOSMOSS_HOME {paths.home()}: the disk holding {existing} is full "
+                         f"({free_bytes(existing) // 1024} KiB free; runs go to {runs}); free "
+                         "some space or set KOSMOSS_HOME to a folder on another disk")
 
 
 def run_folder(resume: str) -> Tuple[Path, Optional[Path]]:

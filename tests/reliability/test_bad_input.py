@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, run_script
+from helpers import REPO, run_script, small_tmpfs
 
 
 def _imported_modules(args):
@@ -67,6 +67,19 @@ def test_a_read_only_kosmoss_home_is_one_line(shared_home, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert f"KOSMOSS_HOME {home}: {home} cannot be written" in lines[0]
     assert "set KOSMOSS_HOME to a folder you can write" in lines[0]
+
+
+def test_a_kosmoss_home_on_a_full_disk_is_one_line_before_anything_starts(shared_home, tmp_path):
+    with small_tmpfs(tmp_path / "disk", full=True) as disk:
+        home = disk / "home"
+        home.mkdir()  # a folder takes no blocks on tmpfs
+        proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                           "--max-steps", "2"], home, timeout=120)
+        assert not any(home.iterdir())  # no run folder, no process record
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"KOSMOSS_HOME {home}: the disk holding {home} is full" in lines[0]
+    assert "free some space or set KOSMOSS_HOME to a folder on another disk" in lines[0]
 
 
 @pytest.mark.parametrize("value", ["", "http", "70000"])
