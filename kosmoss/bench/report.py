@@ -111,7 +111,9 @@ def _caption(bench: dict) -> str:
     goals = "; ".join(f"{device}: {t['val_loss']:.4g} ({TARGET_MARGIN} × {t['reference']})"
                       for device, t in bench["targets"].items())
     goals = goals or "none (no 1-process kosmoss row)"
-    return ("predicted: kosmoss.scaling.projection's cost model from the 1-rank row and this bench's "
+    stopped = (f"Stopped by {bench['stopped_by']}: only the repeats measured before it, no "
+               "prediction. ") if bench.get("stopped_by") else ""
+    return (stopped + "predicted: kosmoss.scaling.projection's cost model from the 1-rank row and this bench's "
             "kosmoss comm run (docs/scaling.md); pred/meas: predicted ÷ samples/s. "
             "ratio: samples/s ÷ the vs row's, eff.: samples/s ÷ (ranks × the 1-rank row's), each "
             "the median of the repeats paired one by one (their range in brackets). "

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..core.errors import Interrupted
 from . import figures
 from .measure import measure_once, row_environment, run_logged
 from .setups import Machine, Plan, Setup, last_line, skip_reason
@@ -41,18 +42,36 @@ def run_matrix(setups: Sequence[Setup], plan: Plan, machine: Machine, out_dir: P
     for setup in setups:
         if skipped[setup.id]:
             echo(f"skip {setup.id}: {skipped[setup.id]}")
-    for repeat in range(plan.repeats):
+    stopped = None
+    try:
+        for repeat in range(plan.repeats):
+            for setup in runnable:
+                done = measurements[setup.id]
+                if any(m.get("error") for m in done):
+                    continue  # it failed once: its figures would not mean much
+                measurement = measure_once(setup, plan, out_dir, repeat)
+                done.append(measurement)
+                echo(f"repeat {repeat + 1}/{plan.repeats} {setup.id}: {_progress(measurement)}")
+            if between_rounds is not None:
+                between_rounds()
+    except KeyboardInterrupt as stop:  # the repeats measured so far are the user's: keep them
+        stopped = stop if isinstance(stop, Interrupted) else Interrupted()
         for setup in runnable:
-            done = measurements[setup.id]
-            if any(m.get("error") for m in done):
-                continue  # it failed once: its figures would not mean much
-            measurement = measure_once(setup, plan, out_dir, repeat)
-            done.append(measurement)
-            echo(f"repeat {repeat + 1}/{plan.repeats} {setup.id}: {_progress(measurement)}")
-        if between_rounds is not None:
-            between_rounds()
-    return {s.id: figures.build_row(s, plan.batch_for(s), measurements.get(s.id, []),
+            if not measurements[setup.id]:
+                skipped[setup.id] = f"not measured: the bench was stopped by {stopped}"
+    rows = {s.id: figures.build_row(s, plan.batch_for(s), measurements.get(s.id, []),
                                     skipped=skipped[s.id]) for s in setups}
+    if stopped is not None:
+        raise BenchStopped(rows, stopped.signal_number)
+    return rows
+
+
+class BenchStopped(Interrupted):
+    """The bench was stopped part-way: ``rows`` holds the repeats measured before."""
+
+    def __init__(self, rows: Dict[str, dict], signal_number: int):
+        super().__init__(signal_number)
+        self.rows = rows
 
 
 def _progress(measurement: dict) -> str:
@@ -375,7 +394,8 @@ def prediction_summary(context: dict) -> dict:
 
 
 def assemble(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out_dir: Path,
-             machine_facts: dict, quick: bool, prediction: Optional[dict] = None) -> dict:
+             machine_facts: dict, quick: bool, prediction: Optional[dict] = None,
+             stopped_by: Optional[str] = None) -> dict:
     """bench.json: what ran where, every row (skipped ones with their reason), the checks."""
     goals = figures.complete(setups, rows)
     return {
@@ -383,6 +403,7 @@ def assemble(setups: Sequence[Setup], rows: Dict[str, dict], plan: Plan, out_dir
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command_line(),
         "quick": quick,
+        "stopped_by": stopped_by,
         "out_dir": str(out_dir),
         "plan": {
             "dataset": str(plan.dataset), "dataset_name": plan.dataset.name,

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from ..core import files
 from ..core.commandline import command_main
-from ..core.errors import RunFailed, UsageError
+from ..core.errors import Interrupted, RunFailed, UsageError
 
 HELP = ("measure set-ups side by side: the raw PyTorch loop (the limit), 1 process, DDP, "
         "simulated nodes, the loaders, and GPU, bf16 and Horovod where present")
@@ -95,7 +95,6 @@ def bench_command(args: argparse.Namespace) -> None:
 
 
 def _run(args, chosen, out_dir: Path) -> None:
-    from ..bench import report
     from ..bench.runner import ThreadProbes, assemble, predict_rows, run_matrix
     from ..devices import environment
 
@@ -109,9 +108,28 @@ def _run(args, chosen, out_dir: Path) -> None:
     echo(f"kosmoss bench: {len(chosen)} set-up(s), dataset {plan.dataset}, {plan.repeats} "
          f"repeat(s) of {plan.steps} timed steps; output in {out_dir}")
     probes = ThreadProbes(chosen, plan)
-    rows = run_matrix(chosen, plan, machine, out_dir, echo, between_rounds=probes.measure)
-    prediction = predict_rows(chosen, rows, plan, out_dir, echo, probes.found)
-    bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick, prediction)
+    rows, prediction, stopped = None, None, None
+    try:
+        rows = run_matrix(chosen, plan, machine, out_dir, echo, between_rounds=probes.measure)
+        prediction = predict_rows(chosen, rows, plan, out_dir, echo, probes.found)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: what was measured is written all the same
+        stopped = stop if isinstance(stop, Interrupted) else Interrupted()
+        rows = getattr(stop, "rows", rows)  # run_matrix's BenchStopped holds the rows so far
+    bench = assemble(chosen, rows, plan, out_dir, environment.describe(), args.quick, prediction,
+                     stopped_by=str(stopped) if stopped else None)
+    written = _print_and_write(args, bench, out_dir, echo)
+    if stopped is not None:
+        stopped.kept = f"the repeats measured before it are in {written[0]}"
+        raise stopped
+    failed = [row["id"] for row in bench["rows"] if row["status"] == "failed"]
+    if failed:
+        raise RunFailed(f"set-up(s) {', '.join(failed)} failed (reasons in {written[0]}, "
+                        f"output in {out_dir / 'logs'}); the other rows were measured")
+
+
+def _print_and_write(args, bench: dict, out_dir: Path, echo) -> list:
+    from ..bench import report
+
     if args.json:
         print(json.dumps(bench, indent=2))
     else:
@@ -119,10 +137,7 @@ def _run(args, chosen, out_dir: Path) -> None:
     with files.writing_into(out_dir):
         written = report.write_all(bench, out_dir)
     echo("wrote " + ", ".join(str(path) for path in written))
-    failed = [row["id"] for row in bench["rows"] if row["status"] == "failed"]
-    if failed:
-        raise RunFailed(f"set-up(s) {', '.join(failed)} failed (reasons in {written[0]}, "
-                        f"output in {out_dir / 'logs'}); the other rows were measured")
+    return written
 
 
 def make_plan(args: argparse.Namespace, chosen, echo):

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from typing import Callable, Mapping, Optional
+import threading
+from typing import Callable, Iterator, Mapping, Optional
 
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, RunFailed, UsageError
+from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted, RunFailed,
+                     UsageError)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,7 +36,38 @@ def run_command(prog: str, command: Callable[[], object],
     except RunFailed as err:
         print(f"{prog}: failed: {err}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM under stop_signals_unwind()
+        stop = stop if isinstance(stop, Interrupted) else Interrupted()
+        _say(f"{prog}: stopped by {signal.Signals(stop.signal_number).name}"
+             + (f"; {stop.kept}" if stop.kept else ""))
+        return stop.exit_code
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def stop_signals_unwind() -> Iterator[None]:
+    """SIGTERM raises :class:`Interrupted` as Ctrl-C raises KeyboardInterrupt, so that a
+    command's ``with`` blocks and ``finally`` clauses end what it started (a bench's row, a
+    comm's ranks) instead of leaving them running when ``kill PID`` ends it; a second
+    signal while it unwinds is ignored. The caller's handlers come back at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number, frame):
+        for name in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(name, signal.SIG_IGN)  # the first stop is the one that counts
+        raise Interrupted(number)
+
+    previous = {name: signal.getsignal(name) for name in (signal.SIGINT, signal.SIGTERM)}
+    for name, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a job started with `&` ignores SIGINT: keep that
+            signal.signal(name, stop)
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(name, handler)
 
 
 # A launcher's variables: (its rank on this node, a variable only its ranks have).

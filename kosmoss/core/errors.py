@@ -6,6 +6,7 @@ own words (``--batch-size``) with :meth:`ConfigError.in_terms_of`.
 """
 from __future__ import annotations
 
+import signal
 from typing import Mapping
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -34,3 +35,17 @@ class DatasetError(UsageError):
 
 class RunFailed(Exception):
     """The run started but did not finish (a rank or node died): exit code 1, one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (Ctrl-C's SIGINT, SIGTERM) raised where the command is, so that its
+    ``with`` blocks end what it started; ``kept`` says what it leaves the user. The command
+    exits 128 + the signal's number, as a shell reports a process the signal killed."""
+
+    def __init__(self, signal_number: int = signal.SIGINT, kept: str = ""):
+        self.signal_number, self.kept = int(signal_number), kept
+        super().__init__(signal.Signals(signal_number).name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number

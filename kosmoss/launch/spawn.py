@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 from typing import Callable
 
 
@@ -39,13 +41,39 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
     raises, fails the measurement."""
     import torch.multiprocessing as mp
 
+    context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
+                                 start_method="spawn")
     try:
-        mp.start_processes(function, args=args, nprocs=nprocs, join=True, start_method="spawn")
+        while not context.join():
+            pass
     except mp.ProcessExitedException as failure:
         if not failure.signal_name or not os.path.exists(result):
             raise
         print(f"kosmoss: rank {failure.error_index} ended with {failure.signal_name} after "
               "its collectives had completed (tearing down); the figures are kept",
               file=sys.stderr)
+    except BaseException:  # Ctrl-C, SIGTERM: torch's join ends the ranks only when one fails
+        _end(context.processes)
+        raise
     with open(result) as handle:
         return json.load(handle)
+
+
+def _rank(rank: int, function: Callable, *args) -> None:
+    # A Ctrl-C reaches the terminal's whole process group: the spawner says it once and ends
+    # the ranks, instead of each rank printing its own KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    function(rank, *args)
+
+
+def _end(processes, grace_s: float = 5.0) -> None:
+    """SIGTERM to the ranks still running, SIGKILL to those left after ``grace_s``."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
