@@ -11,6 +11,9 @@ import time
 from typing import Callable
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def write_result(path: str, data: dict) -> None:
     """Rank 0's figures, whole or not at all (a SIGTERM from the spawner mid-write must not
     leave half a file that reads as a result)."""
@@ -41,8 +44,15 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
     raises, fails the measurement."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
-                                 start_method="spawn")
+    # A stop signal that lands while the ranks are spawned would cut a rank's start-up data
+    # short (its EOFError traceback) before the parent holds the processes it must end:
+    # held until they are started (the ranks inherit the mask; _rank lifts it).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
+                                     start_method="spawn")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     try:
         while not context.join():
             pass
@@ -63,6 +73,7 @@ def _rank(rank: int, function: Callable, *args) -> None:
     # A Ctrl-C reaches the terminal's whole process group: the spawner says it once and ends
     # the ranks, instead of each rank printing its own KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by the spawner until now
     function(rank, *args)
 
 
