@@ -255,3 +255,25 @@ def test_ranks_sharing_a_gpu_use_the_measured_split_of_the_raw_loop():
     alone = projection.predict(profile, shape, replace(cluster, per_node=1, nodes=1, share=1.0),
                                global_batch=16384)
     assert alone["compute_s"] == pytest.approx(0.0034)  # one rank: nothing shared
+
+
+def test_worlds_beyond_the_global_batch_are_left_out_and_said(tmp_path, capsys, fixed_timings):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "result.json").write_text(json.dumps({
+        "world_size": 1, "per_device_batch_size": 64, "train_samples_per_s": 64 / 0.011,
+        "accelerator": "gpu"}))
+    argv = ["--from", str(run), "--intra", "pcie4", "--inter", "ib-hdr", "--json"]
+    assert project_command.main([*argv, "--devices", "1", "8", "--nodes", "1", "4", "16"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    worlds = {(r["devices_per_node"], r["nodes"]) for r in result["rows"]}
+    assert worlds == {(1, 1), (8, 1), (1, 4), (8, 4), (1, 16)} and result["left_out"] == ["8x16"]
+    assert "left out: 8x16 (more devices than the 64 samples of the global batch)." in \
+        project_command.summary_lines(result)
+    # Nothing above one device left: bad input, said before anything is measured.
+    assert "every world above one device has more devices than the global batch has samples " \
+        "(64)" in project_fails(capsys, [*argv, "--devices", "1", "65", "--nodes", "1"])
+    # One world: nothing to compare, and not "samples/s still rise".
+    assert project_command.main([*argv, "--devices", "1", "--nodes", "1"]) == 0
+    lines = project_command.summary_lines(json.loads(capsys.readouterr().out))
+    assert "one world only: give more --devices or --nodes to compare" in lines[0]

@@ -96,6 +96,8 @@ def project_command(args: argparse.Namespace) -> None:
     device = reference["device"] if reference else _device(args)
     intra, inter = _links(args, device)
     out_dir = _output_folder(args.out)
+    left_out = _worlds_beyond(args, args.batch_size or (reference or {}).get("batch")
+                              or DEFAULT_BATCH)  # before the step is measured
     profile, batch = _profile(args, reference, device)
     shape = projection.mlp_shape(bucket_bytes=int(args.bucket_mb * 2**20))
     cpu = profile.device == "cpu"
@@ -105,7 +107,7 @@ def project_command(args: argparse.Namespace) -> None:
     rows = projection.grid(profile, shape, base, args.devices, args.nodes, batch,
                            cores_per_node=_cores(args) if cpu else None, weak=args.weak,
                            one_machine=args.one_machine or _comm_on_one_machine(args))
-    result = _result(args, profile, shape, base, rows, batch)
+    result = {**_result(args, profile, shape, base, rows, batch), "left_out": left_out}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -202,6 +204,21 @@ def _measured_intra(cpu: bool):
                                              repeats=7)))[0]
 
 
+def _worlds_beyond(args: argparse.Namespace, batch: int) -> List[str]:
+    """The N x M asked for that have more devices than the global batch has samples (left
+    out of the grid, and said); bad input when no world above one device is left."""
+    if args.weak:
+        return []
+    worlds = sorted({(n, m) for n in args.devices for m in args.nodes}, key=lambda w: w[0] * w[1])
+    beyond = [f"{n}x{m}" for n, m in worlds if n * m > batch]
+    if beyond and not any(1 < n * m <= batch for n, m in worlds):
+        raise UsageError(f"--devices {' '.join(map(str, args.devices))} --nodes "
+                         f"{' '.join(map(str, args.nodes))}: every world above one device has "
+                         f"more devices than the global batch has samples ({batch}); ask for at "
+                         "most that many devices (N x M), or give --weak or a larger --batch-size")
+    return beyond
+
+
 def _result(args, profile, shape, base, rows: List[dict], batch: int) -> dict:
     from dataclasses import asdict
 
@@ -250,7 +267,9 @@ def table(result: dict) -> Table:
 def summary_lines(result: dict) -> List[str]:
     found = result["verdict"]
     best = max(row["speedup"] for row in result["rows"])
-    if best < 1:  # the peak of a grid that only loses is no reason to grow it
+    if len(result["rows"]) == 1:
+        beyond = "one world only: give more --devices or --nodes to compare"
+    elif best < 1:  # the peak of a grid that only loses is no reason to grow it
         beyond = (f"no world of this grid beats one device (best speedup {best:.2f}): adding "
                   "devices loses samples/s here")
     elif found["peak_is_largest"]:
@@ -265,6 +284,9 @@ def summary_lines(result: dict) -> List[str]:
                      "half a device.")
     else:
         lines.append("break-even: not reached in this grid (efficiency >= 50 % everywhere).")
+    if result.get("left_out"):
+        lines.append(f"left out: {', '.join(result['left_out'])} (more devices than the "
+                     f"{result['global_batch']:,} samples of the global batch).")
     largest = result["rows"][-1]
     if largest["dominant"]:
         lines.append(f"at {largest['devices_per_node']} x {largest['nodes']} the prediction "
