@@ -7,7 +7,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Iterator, Mapping, Optional
+import time
+from typing import Callable, Iterator, List, Mapping, Optional
 
 from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted, RunFailed,
                      UsageError)
@@ -44,19 +45,26 @@ def run_command(prog: str, command: Callable[[], object],
     return EXIT_OK
 
 
+UNWIND_S = 10.0  # ending what a command started: a row's grace period is 5 s
+
+
 @contextlib.contextmanager
 def stop_signals_unwind() -> Iterator[None]:
     """SIGTERM raises :class:`Interrupted` as Ctrl-C raises KeyboardInterrupt, so that a
     command's ``with`` blocks and ``finally`` clauses end what it started (a bench's row, a
-    comm's ranks) instead of leaving them running when ``kill PID`` ends it; a second
-    signal while it unwinds is ignored. The caller's handlers come back at the end."""
+    comm's ranks) instead of leaving them running when ``kill PID`` ends it. A signal again
+    within UNWIND_S of the first is ignored: it would cut that ending short. A later one
+    stops again (a library may have swallowed the first). The caller's handlers come back
+    at the end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    first: List[float] = []
 
     def stop(number, frame):
-        for name in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(name, signal.SIG_IGN)  # the first stop is the one that counts
+        if first and time.monotonic() - first[0] < UNWIND_S:
+            return
+        first[:] = [time.monotonic()]
         raise Interrupted(number)
 
     previous = {name: signal.getsignal(name) for name in (signal.SIGINT, signal.SIGTERM)}

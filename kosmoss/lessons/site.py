@@ -32,19 +32,23 @@ run -> exit 2. A lesson with an error output fails the build (:class:`LessonFail
 """
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
 import copy
 import html
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Union
 
-from ..core.errors import RunFailed, UsageError
+from ..core.errors import Interrupted, RunFailed, UsageError
 from ..core.files import atomic_write_json, check_writable
 
 MARKER = ".kosmoss-site.json"
@@ -467,13 +471,45 @@ def execute_notebook(path: Path, *, timeout: int = CELL_TIMEOUT_S):
     from nbclient.exceptions import CellExecutionError
 
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, kernel_name="python3", timeout=timeout,
-                            resources={"metadata": {"path": str(Path(path).parent)}})
+    client = _stopping_client(NotebookClient)(
+        notebook, kernel_name="python3", timeout=timeout,
+        resources={"metadata": {"path": str(Path(path).parent)}})
     try:
         client.execute()
     except CellExecutionError:
         pass  # the cell's error output says what failed; the build reports it
+    except Interrupted:
+        client.end_kernel()
+        raise
     return notebook
+
+
+def _stopping_client(base):
+    """nbclient answers Ctrl-C or SIGTERM by shutting the kernel down and going on: the
+    lesson fails and the next one starts (``NotebookClient.async_setup_kernel``). Here the
+    signal stops the command, and :meth:`end_kernel` shuts the kernel down."""
+
+    class StoppingClient(base):
+        @contextlib.asynccontextmanager
+        async def async_setup_kernel(self, **kwargs):
+            async with super().async_setup_kernel(**kwargs):
+                loop = asyncio.get_running_loop()
+                for number in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(number, _stop, number)  # in place of nbclient's
+                yield
+
+        def end_kernel(self) -> None:
+            """Now, what nbclient's exit handler would do at exit (a private name of nbclient
+            0.11, guarded by tests/site/test_site.py)."""
+            atexit.unregister(self._cleanup_kernel)
+            if self.km is not None:
+                self._cleanup_kernel()
+
+    return StoppingClient
+
+
+def _stop(number: int) -> None:
+    raise Interrupted(number)
 
 
 def execute_lessons(names: Optional[Iterable[str]] = None, *, timeout: int = CELL_TIMEOUT_S,

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import REPO, wait_until
 from kosmoss.commands import bench
+from kosmoss.core.errors import Interrupted
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +101,37 @@ def test_a_stopped_comm_ends_its_ranks_with_one_line(shared_home, tmp_path, how)
     _, alive = psutil.wait_procs(ranks, timeout=15)
     assert not alive, "ranks outlived kosmoss comm"
     assert not out.exists()  # nothing half-measured is written
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_unwinds_once_then_again_after_the_grace(monkeypatch, capsys, number):
+    """In-process: the first signal raises where the command is; one more at once is
+    ignored (it would cut short what the first is ending); a later one raises again, in case
+    a library swallowed the first. The caller's handlers come back after."""
+    import time
+
+    from kosmoss.core import commandline
+
+    monkeypatch.setattr(commandline, "UNWIND_S", 0.5)
+    before = signal.getsignal(number)
+    ended = []
+
+    def command():
+        try:
+            try:
+                os.kill(os.getpid(), number)
+                time.sleep(5)
+            finally:
+                os.kill(os.getpid(), number)  # pressed again while it ends: ignored
+                time.sleep(0.1)
+                ended.append("cleaned up")
+        except Interrupted:
+            time.sleep(0.6)
+            os.kill(os.getpid(), number)  # a library swallowed the first: this one stops
+            time.sleep(5)
+
+    with commandline.stop_signals_unwind():
+        code = commandline.run_command("kosmoss demo", command)
+    assert code == 128 + number and ended == ["cleaned up"]
+    assert capsys.readouterr().err == f"kosmoss demo: stopped by {number.name}\n"
+    assert signal.getsignal(number) is before

@@ -408,3 +408,38 @@ def _in_data_root(prepare_call: ast.Call) -> bool:
 
 def _called(call: ast.Call) -> str:
     return getattr(call.func, "attr", getattr(call.func, "id", ""))
+
+
+def test_a_stop_signal_ends_the_lessons_run_and_its_kernel(kosmoss_home):
+    """nbclient alone shuts the kernel down on SIGTERM or Ctrl-C and goes on with the next
+    lesson; kosmoss stops the whole run, and ends the kernel then, not at exit. This also
+    guards the private nbclient name it uses (``NotebookClient._cleanup_kernel``)."""
+    import signal
+    import threading
+
+    import psutil
+
+    from kosmoss.core.commandline import stop_signals_unwind
+    from kosmoss.core.errors import Interrupted
+
+    me, seen = psutil.Process(), []
+
+    def kernels():
+        return [p for p in me.children(recursive=True)
+                if "ipykernel" in " ".join(p.cmdline())]
+
+    def stop_once_a_kernel_runs():
+        deadline = time.monotonic() + 120
+        while not kernels() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen.extend(kernels())
+        time.sleep(1)  # inside the lesson's first cells
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_a_kernel_runs, daemon=True).start()
+    started = time.monotonic()
+    with stop_signals_unwind(), pytest.raises(Interrupted) as stopped:
+        execute_lessons([FALLBACK_LESSON, "02_lightning_basics"], log=lambda line: None)
+    assert stopped.value.signal_number == signal.SIGTERM
+    assert time.monotonic() - started < 60
+    assert seen and not psutil.wait_procs(seen, timeout=10)[1]  # ended before the exit
