@@ -258,6 +258,9 @@ FEATURES = (
     ("a standard normal feature", ""),
     ("a negative offset whose samples differ by one float32 step", "the bound is 1e-6 times "
      "the mean absolute value: times a negative mean it is negative, and nothing is below"),
+    ("surface pressure with a few float32 steps of rounding noise",
+     "the bound is the statement's 1e-6 times the mean absolute value, not float32's "
+     "epsilon (1.2e-7): a few steps of rounding noise are still constant"),
 )
 CONSTANT_TEST = 1e-6  # the statement's: std <= 1e-6 * mean(|x|)
 
@@ -278,8 +281,16 @@ def feature_batch():
                torch.zeros(n),
                1e-5 * (1 + 0.3 * torch.rand(n, generator=g)),
                torch.randn(n, generator=g),
-               torch.where(torch.arange(n) % 3 == 0, offset, torch.nextafter(offset, pressure))]
+               torch.where(torch.arange(n) % 3 == 0, offset, torch.nextafter(offset, pressure)),
+               pressure + float32_steps(101325.0) * (torch.arange(n) % 13)]
     return torch.stack(columns, dim=1)
+
+
+def float32_steps(value: float) -> float:
+    """The gap between ``value`` and the next float32 (rounding noise comes in these)."""
+    import numpy as np
+
+    return float(np.spacing(np.float32(value)))
 
 
 def standardised(x64, correction: int):

@@ -284,6 +284,8 @@ def _warmup_hint(ramp, step: int, warmup: int, base_lr: float, target_lr: float)
         return all(math.isclose(values[i], rule(i), rel_tol=1e-9, abs_tol=1e-15) for i in steps)
 
     inside = range(1, warmup)
+    if warmup == 0:
+        return ": with warmup_steps 0 there is no warm-up: target_lr from step 0 on"
     if step == 0 and math.isclose(values[0], 0.0, abs_tol=1e-15):
         return ": the warm-up starts from base_lr (the unscaled rate), not from zero"
     if step >= warmup and follows(lambda i: line(i, warmup), [step]):
@@ -413,9 +415,14 @@ def noise_judge(namespace: dict) -> tuple:
     message = _noise_mistake(noisy, expected, (10.0, 0.5, 16, 256))
     if message:
         return failed(f"from one step's norms 10 and 0.5 at batches of 16 and 256: {message}")
+    # the large batch's norm above the small's: the estimate of tr(Σ) comes out negative
+    message = _noise_mistake(mine(0.5, 0.6, 16, 256), _reference_parts(0.5, 0.6, 16, 256),
+                             (0.5, 0.6, 16, 256))
+    if message:
+        return failed(f"from one step's norms 0.5 and 0.6 at batches of 16 and 256: {message}")
     return passed(f"the true |G|² and tr(Σ) in {len(noise_cases())} cases (a real model's "
                   "per-sample gradients among them, one without noise), and a negative |G|² "
-                  "left as it is")
+                  "and tr(Σ) left as they are")
 
 
 def _reference_parts(small_sq: float, big_sq: float, small: int, big: int) -> tuple:
@@ -459,6 +466,9 @@ def _noise_hint(values: list, expected: tuple, inputs: tuple) -> str:
             values[0], g_sq):
         return (": weigh each squared norm by its own batch size: (B_big |G_big|² - "
                 "B_small |G_small|²) / (B_big - B_small)")
+    if near(values[1], 0.0) and trace < 0:
+        return (": an estimate of tr(Σ) from one step's norms may come out negative too (the "
+                "large batch's norm above the small's): keep it, as a negative |G|²")
     if near(values[0], big_sq):
         return (": the large batch's squared norm is |G|² + tr(Σ)/big_batch too large; "
                 "remove the noise with the second batch size")

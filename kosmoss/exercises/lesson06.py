@@ -93,18 +93,23 @@ def port_holder(port):
 }
 
 HOLDER = ("import socket, sys\n"
-          "kind = socket.SOCK_STREAM if sys.argv[1] == 'tcp' else socket.SOCK_DGRAM\n"
+          "kind = socket.SOCK_DGRAM if sys.argv[1] == 'udp' else socket.SOCK_STREAM\n"
           "s = socket.socket(socket.AF_INET, kind)\n"
           "s.bind(('127.0.0.1', int(sys.argv[2])))\n"
           "if kind == socket.SOCK_STREAM:\n"
           "    s.listen()\n"
+          "if sys.argv[1] == 'client':\n"  # a connection to that listener: its own port
+          "    c = socket.create_connection(s.getsockname())\n"
+          "    held = (s, s.accept())\n"
+          "    s = c\n"
           "print(s.getsockname()[1], flush=True)\n"
           "sys.stdin.read()\n")  # until the checker closes stdin (or dies)
 
 
 @contextlib.contextmanager
 def holder(kind: str, port: int = 0) -> Iterator[Tuple[int, int]]:
-    """(pid, port) of a child that holds a port (``tcp``: listens) until the block ends."""
+    """(pid, port) of a child that holds a port (``tcp``: listens; ``client``: the local
+    end of a connection to a listener of its own, on another port) until the block ends."""
     child = subprocess.Popen([sys.executable, "-c", HOLDER, kind, str(port)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -125,19 +130,27 @@ def holder_judge(namespace: dict) -> tuple:
         if got != pid or isinstance(got, bool):
             return failed(f"pid {pid} listens on TCP port {port}; your port_holder({port}) "
                           f"returned {got!r}" + _holder_hint(got, pid, port))
-    with holder("udp", port) as (udp_pid, _):
-        got = mine(port)
-        if got is not None:
-            return failed(f"pid {pid} has ended; pid {udp_pid} holds port {port} for UDP, "
-                          f"which is no TCP listener, but your port_holder({port}) returned "
-                          f"{got!r}: only a TCP socket in the LISTEN state holds MASTER_PORT "
-                          "for the next run")
+    for kind in ("udp", "client"):  # sockets on a port that are no TCP listener
+        with holder(kind, port if kind == "udp" else 0) as (other_pid, other_port):
+            got = mine(other_port)
+            if got is not None:
+                return failed(_not_a_listener(kind, pid, other_pid, other_port, got))
     after = mine(port)
     if after is not None:
-        return failed(f"once pid {udp_pid} has ended nobody holds port {port}, but your "
-                      f"port_holder({port}) returned {after!r}")
+        return failed(f"once pid {pid} and the holders after it have ended nobody holds port "
+                      f"{port}, but your port_holder({port}) returned {after!r}")
     return passed(f"found pid {pid} on TCP port {port}; nobody once it had ended, a UDP "
-                  "socket on the same number included")
+                  "socket on the same number and a connection's local port included")
+
+
+def _not_a_listener(kind: str, pid: int, other_pid: int, port: int, got) -> str:
+    if kind == "udp":
+        return (f"pid {pid} has ended; pid {other_pid} holds port {port} for UDP, which is no "
+                f"TCP listener, but your port_holder({port}) returned {got!r}: only a TCP "
+                "socket in the LISTEN state holds MASTER_PORT for the next run")
+    return (f"pid {other_pid} has a TCP connection whose local end is port {port}, but nobody "
+            f"listens on it; your port_holder({port}) returned {got!r}: a connection's end is "
+            "no listener — only a socket in the LISTEN state holds MASTER_PORT")
 
 
 def _holder_hint(got, pid: int, port: int) -> str:

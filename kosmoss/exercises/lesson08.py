@@ -5,6 +5,7 @@ algorithm bandwidth against bus bandwidth of an all-reduce.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict
 
@@ -99,9 +100,11 @@ MEMORY_WRONG = {
 
 MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3),
           ((300, 100, 100, 100, 552), 1))
+# An MLP that ends with an activation (fluxes are positive): read the layers, assume no shape.
+ENDING_IN_SILU = ((40, 64, 16), 8)
 
 
-def build(sizes, seed: int = 0):
+def build(sizes, seed: int = 0, last_activation: bool = False):
     import torch
     from torch import nn
 
@@ -109,7 +112,16 @@ def build(sizes, seed: int = 0):
     layers = []
     for size_in, size_out in zip(sizes[:-1], sizes[1:]):
         layers += [nn.Linear(size_in, size_out), nn.SiLU()]
-    return nn.Sequential(*layers[:-1])  # no activation after the last Linear
+    return nn.Sequential(*(layers if last_activation else layers[:-1]))
+
+
+def _judged_models():
+    """(what the message calls it, how to build it, batch) for every model judged."""
+    cases = [(" -> ".join(map(str, sizes)), functools.partial(build, sizes), batch)
+             for sizes, batch in MODELS]
+    sizes, batch = ENDING_IN_SILU
+    return cases + [(" -> ".join(map(str, sizes)) + " -> SiLU",
+                     functools.partial(build, sizes, last_activation=True), batch)]
 
 
 def measure(model, batch_size: int) -> Dict[str, int]:
@@ -151,20 +163,20 @@ def _mb(value: float) -> str:
 
 def memory_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "training_memory")
-    for sizes, batch in MODELS:
-        parts = measure(build(sizes), batch)
+    models = _judged_models()
+    for model, made, batch in models:
+        parts = measure(made(), batch)
         measured = sum(parts.values())
-        got = number(mine(build(sizes), batch))
-        model = " -> ".join(map(str, sizes))
+        got = number(mine(made(), batch))
         if got is None:
             return failed("training_memory returned no number: return the bytes")
         if got != measured:
             breakdown = ", ".join(f"{name} {value}" for name, value in parts.items())
             return failed(f"for the MLP {model} at batch {batch} yours is {got:.0f} bytes, the "
                           f"measurement {measured} ({breakdown})"
-                          + _missing(got, measured, build(sizes), batch))
-    return passed(f"exactly the measured bytes for {len(MODELS)} models "
-                  f"({', '.join(' -> '.join(map(str, s)) for s, _ in MODELS)})")
+                          + _missing(got, measured, made(), batch))
+    return passed(f"exactly the measured bytes for {len(models)} models "
+                  f"({', '.join(model for model, _, _ in models)})")
 
 
 def _named_parts(model, batch: int) -> Dict[str, int]:
@@ -185,14 +197,26 @@ def _named_parts(model, batch: int) -> Dict[str, int]:
             "the input batch": 4 * batch * linears[0].in_features}
 
 
+def _out_features(model) -> int:
+    from torch import nn
+
+    return [m for m in model if isinstance(m, nn.Linear)][-1].out_features
+
+
 def _missing(got: float, measured: int, model, batch: int) -> str:
     """Name the term the gap is, when it is one."""
+    from torch import nn
+
     gap = measured - got
     if got == 2 * measured:
         return ": twice the measurement — 4 bytes per float32 number, not 8"
     for unit, size in (("MB", 1e6), ("MiB", 2 ** 20), ("kB", 1e3)):
         if math.isclose(got * size, measured, rel_tol=1e-3):
             return f": that is the measurement in {unit} — return bytes"
+    last = list(model)[-1]
+    if not isinstance(last, nn.Linear) and gap == 4 * batch * _out_features(model):
+        return (": short by the output of the last layer, an activation: autograd keeps it "
+                "too — count the outputs of the layers there are, not those of an assumed shape")
     names = [name for name, value in _named_parts(model, batch).items() if abs(gap) == value]
     if names:
         same = " (the same size here)" if len(names) > 1 else ""

@@ -75,10 +75,12 @@ LIMIT_WRONG = {
         "the slower of the two binds"),
 }
 
-# (n_x, hidden, n_y, bandwidth, peak_flops): the course's model on an H100 (memory-bound), a
-# wide model (compute-bound), a narrow one on a device with little bandwidth.
+# (n_x, hidden, n_y, bandwidth, peak_flops): the course's model on an H100 (memory-bound),
+# wide models (compute-bound; the second narrow at the ends, so that which layer's input
+# needs no gradient shows), a narrow one on a device with little bandwidth.
 LIMIT_CASES = ((4128, [100, 100, 100], 552, 3.35e12, 989e12),
                (1024, [8192, 8192], 1024, 3.35e12, 989e12),
+               (256, [4096, 4096], 16, 3.35e12, 989e12),
                (256, [64], 16, 50e9, 10e12),
                (4128, [100, 100, 100], 552, 4.8e12, 989e12))
 EXACT = 1e-12  # plain float arithmetic: the same expression gives the same number
@@ -125,6 +127,9 @@ def _rate_hint(rate, case, right: float) -> str:
         (peak / forward, "backward costs too: every weight's gradient and the inputs'"),
         (peak / (3 * forward), "the first layer's input needs no gradient: the data is no "
                                "weight"),
+        (peak / (2 * forward + sum(2 * i * o for i, o in layers[:-1])),
+         "it is the first layer's input (the data) that needs no gradient, not the last "
+         "layer's"),
         (max(bandwidth / (4 * (n_x + n_y)), peak / (forward + backward)),
          "the slower of the two binds: take the smaller rate"),
     )

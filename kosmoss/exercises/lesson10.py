@@ -271,6 +271,8 @@ STRAGGLER_CASES = (
     ((2.0, 2.0, 2.0, 30.0, 9.0), (28.0, 28.0, 28.0, 0.5, 21.0)),  # a mean would hide rank 4
     ((10.0, 10.0, 13.0), (3.0, 3.0, 0.5)),  # exactly 30 % more: not more than 30 %
     ((5.0, 5.0, 7.0), (2.0, 2.0, 0.5)),  # 40 % more and exactly 2 ms: a straggler
+    ((5.0, 10.0, 10.5, 11.0), (6.0, 1.0, 0.5, 0.0)),  # a fast rank is no yardstick
+    ((4.0, 9.0, 7.0), (5.0, 0.0, 2.0)),  # two others: their median is their mean
 )
 
 
@@ -300,12 +302,38 @@ def straggler_judge(namespace: dict) -> tuple:
     return passed(f"the same ranks as kosmoss watch in {len(STRAGGLER_CASES)} sets of heartbeats")
 
 
+# (what a learner may take for the others' median, what they are told)
+TYPICAL_MISTAKES = (
+    (lambda others: sorted(others)[len(others) // 2],
+     " — with an even number of other ranks the median is the mean of the two middle values "
+     "(statistics.median), not the upper one"),
+    (lambda others: sorted(others)[(len(others) - 1) // 2],
+     " — with an even number of other ranks the median is the mean of the two middle values "
+     "(statistics.median), not the lower one"),
+    (min, " — compare with the median of the other ranks, not the fastest of them: one fast "
+          "rank would make every other one a straggler"),
+)
+
+
+def _flagged(busy, typical) -> List[int]:
+    """The ranks kosmoss watch's rule flags when ``typical`` stands for the median."""
+    flagged = []
+    for rank, mine in enumerate(busy):
+        others = typical(busy[:rank] + busy[rank + 1:])
+        if mine > others * 1.3 and mine - others >= 2:
+            flagged.append(rank)
+    return flagged
+
+
 def _straggler_hint(got, expected, busy, wait) -> str:
     import statistics
 
     if got and all(wait[r] == max(wait) for r in got):
         return (" — the rank that waits longest is the fast one: it waits in the all-reduce "
                 "for the straggler; look at each rank's own work")
+    for typical, hint in TYPICAL_MISTAKES:
+        if got == _flagged(busy, typical):
+            return hint
     for rank in sorted(set(got) ^ set(expected)):
         others = busy[:rank] + busy[rank + 1:]
         typical, mine = statistics.median(others), busy[rank]

@@ -282,6 +282,200 @@ def accumulated_step(model, optimizer, x, y, micro_batches):
         loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
         loss.backward()
 '''),
+    ("01.normalise", "constant up to float32 epsilon", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = std <= torch.finfo(x.dtype).eps * x.abs().mean(dim=0)
+    scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+'''),
+    ("04.noise_scale", "trace clamped at zero", '''
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    trace = max(0.0, (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch))
+    g_sq = big_sq_norm - trace / big_batch
+    return g_sq, trace
+'''),
+    ("06.port_holder", "any TCP socket on that port, listening or not", '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections(kind="tcp"):
+        if c.laddr and c.laddr.port == port:
+            return c.pid
+    return None
+'''),
+    ("08.training_memory", "two outputs per hidden layer, the MLP's shape assumed", '''
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    params = sum(p.numel() for p in model.parameters())
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    hidden = sum(m.out_features for m in linears[:-1])
+    width = linears[0].in_features + 2 * hidden + 2 * linears[-1].out_features
+    return 4 * (4 * params + batch_size * width)
+'''),
+    ("08.training_memory", "in and out features of every Linear", '''
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    params = sum(p.numel() for p in model.parameters())
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    width = sum(m.in_features + m.out_features for m in linears) + linears[-1].out_features
+    return 4 * (4 * params + batch_size * width)
+'''),
+    ("08b.sample_limit", "the last layer's input gradient skipped, not the first's", '''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    sizes = [n_x, *hidden, n_y]
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    forward = sum(2 * i * o for i, o in layers)
+    backward = forward + sum(2 * i * o for i, o in layers[:-1])
+    by_memory = bandwidth / (4 * (n_x + n_y))
+    by_compute = peak_flops / (forward + backward)
+    return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
+'''),
+    ("10.stragglers", "compared with the fastest other rank", '''
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        fastest = min(busy_ms[:rank] + busy_ms[rank + 1:])
+        if mine > fastest * 1.3 and mine - fastest >= 2:
+            slow.append(rank)
+    return slow
+'''),
+    ("10.stragglers", "median by hand, the upper middle", '''
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = sorted(busy_ms[:rank] + busy_ms[rank + 1:])
+        typical = others[len(others) // 2]
+        if mine > typical * 1.3 and mine - typical >= 2:
+            slow.append(rank)
+    return slow
+'''),
+    ("10.stragglers", "median by hand, the lower middle", '''
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = sorted(busy_ms[:rank] + busy_ms[rank + 1:])
+        typical = others[(len(others) - 1) // 2]
+        if mine > typical * 1.3 and mine - typical >= 2:
+            slow.append(rank)
+    return slow
+'''),
+    ("12.pick_interface", "most leading octets in common", '''
+def pick_interface(interfaces, master_addr):
+    def common(address):
+        n = 0
+        for a, b in zip(address.split("/")[0].split("."), master_addr.split(".")):
+            if a != b:
+                break
+            n += 1
+        return n
+    scored = [(common(a), name) for name, addresses in interfaces.items() for a in addresses]
+    scored = [s for s in scored if s[0] > 0]
+    return max(scored)[1] if scored else None
+'''),
+    ("04.warmup_lr", "base_lr without warm-up", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if warmup_steps == 0:
+        return base_lr
+    if step >= warmup_steps:
+        return target_lr
+    return base_lr + (target_lr - base_lr) * step / warmup_steps
+'''),
+    ("01.normalise", "strict test misses the zero column", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = std < 1e-6 * x.abs().mean(dim=0)
+    scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+'''),
+    ("02.optimizer_steps", "quotient plus remainder", '''
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    batches = math.ceil(n_train / batch_size)
+    q, r = divmod(batches, accumulate_grad_batches)
+    return (q + r) * epochs
+'''),
+    ("03.per_device_batch", "refuses a batch equal to the world", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size <= world or global_batch_size % world:
+        raise ValueError(f"{global_batch_size} does not split over {world} ranks")
+    return global_batch_size // world
+'''),
+    ("04.scaled_lr", "sqrt of the base only", '''
+import math
+
+
+def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
+    if rule == "sqrt":
+        return base_lr * effective_batch_size / math.sqrt(base_batch_size)
+    if rule == "linear":
+        return base_lr * effective_batch_size / base_batch_size
+    return base_lr
+'''),
+    ("04.warmup_lr", "ramp over warmup_steps + 1", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if step >= warmup_steps:
+        return target_lr
+    return base_lr + (target_lr - base_lr) * step / (warmup_steps + 1)
+'''),
+    ("05.device_for", "index modulo the GPUs", '''
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    if not wants or not visible_gpus:
+        return "cpu"
+    return f"cuda:{(machine_index or 0) % visible_gpus}"
+'''),
+    ("05.memory_share", "round, not ceil", '''
+def memory_share(ranks_on_host, gpus_on_host):
+    if not gpus_on_host:
+        return "gloo", 1.0
+    if ranks_on_host <= gpus_on_host:
+        return "nccl", 1.0
+    return "gloo", 1.0 / round(ranks_on_host / gpus_on_host)
+'''),
+    ("08.bandwidths", "one rank taken as two", '''
+def bandwidths(nbytes, seconds, world_size):
+    algbw = nbytes / seconds
+    n = max(world_size, 2)
+    return algbw, algbw * 2 * (n - 1) / n
+'''),
+    ("09.buckets", "a big gradient in a bucket of its own", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    buckets, current, size, limit = [], [], 0, first_cap
+    for index, nbytes in enumerate(grad_bytes):
+        if nbytes >= limit and current:
+            buckets.append(current)
+            current, size, limit = [], 0, cap
+        current.append(index)
+        size += nbytes
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap
+    if current:
+        buckets.append(current)
+    return buckets
+'''),
+    ("12.step_time", "latency once per phase", '''
+def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
+    if hosts == 1:
+        return compute_s
+    steps = 2 * (hosts - 1)
+    return compute_s + 2 * latency_s + steps / hosts * gradient_bytes * 8 / rate_bits
+'''),
 ]
 
 FRESH_DISTRIBUTED = [
