@@ -45,7 +45,7 @@ import numpy as np
 import psutil
 
 from ..core.errors import DatasetError, RunFailed
-from ..core.files import atomic_write_json, read_json
+from ..core.files import atomic_write_json, free_bytes, read_json
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
@@ -146,6 +146,7 @@ def _prepare(source: ColumnSource, dest: Path, shard_size: int, force: bool, on_
             if not force:
                 return _reuse(dest, request)
             _check_replaceable(dest)
+        _check_room(source, dest)
         tmp = _aside(dest, "tmp")
         try:
             _write(source, tmp, shard_size, dest.name, on_shard)
@@ -155,14 +156,34 @@ def _prepare(source: ColumnSource, dest: Path, shard_size: int, force: bool, on_
     return open_dataset(dest, verify=False)
 
 
+def _check_room(source: ColumnSource, dest: Path) -> None:
+    """A dataset larger than the disk's free space is refused before a byte is written:
+    filling the disk first would hurt every other program on it. Synthetic sources only:
+    a download's size is known once it is opened."""
+    from ..scaling.allreduce import human_size
+    from .sources import SyntheticSource
+
+    if not isinstance(source, SyntheticSource):
+        return
+    need = source.n_columns * (source.schema.n_x + source.schema.n_y) * np.dtype(DTYPE).itemsize
+    existing = next(p for p in (dest, *dest.parents) if p.exists())
+    free = free_bytes(existing)
+    if need > free:
+        raise DatasetError(f"{dest}: {source.n_columns:,} columns take {human_size(need)}, and "
+                           f"the disk holding {existing} has {human_size(free)} free; prepare "
+                           "fewer columns, or free space or write elsewhere (--out)")
+
+
 def _write_error(dest: Path, err: OSError) -> Exception:
     where = f"{err.filename}: " if err.filename else ""
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return DatasetError(f"{dest}: cannot be written ({where}{err.strerror}); nothing "
                             "written: give a folder you can write (--out DIR, or another "
                             "KOSMOSS_HOME)")
-    # numpy's np.save checks the space first and raises an OSError without an errno.
-    if err.errno in (errno.ENOSPC, errno.EDQUOT) or "free space" in str(err):
+    # numpy's np.save checks the space first, or its fwrite comes back short ("N requested
+    # and M written", numpy/_core/src/multiarray/convert.c): an OSError without an errno.
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) or "free space" in str(err) or \
+            re.search(r"\d+ requested and \d+ written", str(err)):
         return RunFailed(f"{dest}: the disk filled up while preparing it "
                          f"({err.strerror or os.strerror(errno.ENOSPC)}); "
                          f"nothing half-written is left: free space in {dest.parent}, then "

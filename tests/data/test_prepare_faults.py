@@ -76,7 +76,7 @@ def test_a_read_only_home_is_one_line_and_writes_nothing(variant, tmp_path):
     assert before == after  # not a file more, not a file less
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path):
+def test_a_dataset_larger_than_the_free_space_is_refused_before_a_byte_is_written(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     if not _mount(disk, "size=256k"):
@@ -88,9 +88,27 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path):
     finally:
         subprocess.run(["umount", str(disk)], check=True)
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert f"{disk / 'big'}: 2,000 columns take 35.7 MiB, and the disk holding {disk} has " \
+        "256 KiB free" in lines[0] and "prepare fewer columns" in lines[0]
+    assert left == []  # nothing written, no lock file
+
+
+def test_a_disk_that_fills_while_preparing_is_one_line_and_leaves_nothing_half_written(
+        tmp_path):
+    """A source whose size is not known before it is read (a download): the disk fills."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not _mount(disk, "size=256k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with pytest.raises(RunFailed) as failed:
+            prepare(RandomSource(2000, levels=137), disk / "big", 500)
+        left = sorted(p.name for p in disk.iterdir())
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
     assert f"{disk / 'big'}: the disk filled up while preparing it (No space left on device)" \
-        in lines[0] and "nothing half-written is left" in lines[0]
+        in str(failed.value) and "nothing half-written is left" in str(failed.value)
     assert left == []  # no temporary folder, no lock file
 
 
