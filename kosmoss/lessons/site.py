@@ -499,9 +499,15 @@ def _stopping_client(base):
                 yield
 
         def end_kernel(self) -> None:
-            """Now, what nbclient's exit handler would do at exit (a private name of nbclient
+            """SIGKILL to the kernel's process group (what its cells started too): shut down
+            politely mid-cell, ipykernel printed a ZMQ traceback after the command's line.
+            Then what nbclient's exit handler would do at exit (a private name of nbclient
             0.11, guarded by tests/site/test_site.py)."""
             atexit.unregister(self._cleanup_kernel)
+            group = getattr(getattr(self.km, "provisioner", None), "pgid", None)
+            if group:  # jupyter_client starts each kernel in a session of its own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
             if self.km is not None:
                 self._cleanup_kernel()
 
