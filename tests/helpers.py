@@ -91,13 +91,24 @@ def small_tmpfs(folder: Path, size_kib: int = 64, *, read_only: bool = False,
 
 def fill_up(folder: Path) -> None:
     """Write zeros into ``folder`` until its file system says it is full."""
-    with open(folder / "filler", "wb") as filler:
+    with open(folder / "filler", "ab", buffering=0) as filler:  # nothing left to flush at close
         try:
             while True:
-                filler.write(b"\0" * 65536)
-                filler.flush()
+                filler.write(b"\0" * 4096)
         except OSError as err:
             assert err.errno == errno.ENOSPC, err
+
+
+def one_device_run(folder: Path, batch: int, step_s: float = 0.011) -> Path:
+    """The result.json of a finished 1-GPU run (``batch`` samples a ``step_s`` step) in
+    ``folder``: what ``kosmoss project --from`` starts from."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "result.json").write_text(json.dumps({
+        "world_size": 1, "per_device_batch_size": batch, "train_samples_per_s": batch / step_s,
+        "accelerator": "gpu"}))
+    return folder
 
 
 def resize_tmpfs(folder: Path, size_kib: int) -> None:

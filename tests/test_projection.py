@@ -3,6 +3,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from helpers import one_device_run
 
 from kosmoss.commands import project as project_command
 from kosmoss.core.errors import UsageError
@@ -150,12 +151,7 @@ def fixed_timings(monkeypatch):
 
 
 def test_project_reproduces_a_hand_computed_case(tmp_path, capsys, fixed_timings):
-    run = tmp_path / "run"
-    run.mkdir()
-    # A 1-GPU run: 1024 samples in 11 ms.
-    (run / "result.json").write_text(json.dumps({
-        "world_size": 1, "per_device_batch_size": 1024, "train_samples_per_s": 1024 / 0.011,
-        "accelerator": "gpu"}))
+    run = one_device_run(tmp_path / "run", 1024)  # 1024 samples in 11 ms
     code = project_command.main(["--from", str(run), "--intra", "pcie4", "--inter", "ib-hdr",
                                  "--devices", "1", "4", "--nodes", "1", "2", "--json",
                                  "--out", str(tmp_path / "out")])
@@ -258,11 +254,7 @@ def test_ranks_sharing_a_gpu_use_the_measured_split_of_the_raw_loop():
 
 
 def test_worlds_beyond_the_global_batch_are_left_out_and_said(tmp_path, capsys, fixed_timings):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "result.json").write_text(json.dumps({
-        "world_size": 1, "per_device_batch_size": 64, "train_samples_per_s": 64 / 0.011,
-        "accelerator": "gpu"}))
+    run = one_device_run(tmp_path / "run", 64)
     argv = ["--from", str(run), "--intra", "pcie4", "--inter", "ib-hdr", "--json"]
     assert project_command.main([*argv, "--devices", "1", "8", "--nodes", "1", "4", "16"]) == 0
     result = json.loads(capsys.readouterr().out)

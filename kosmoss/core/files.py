@@ -90,7 +90,7 @@ def output_folder(out: Path, marker: str, whose: str, flag: str = "--out") -> Pa
 def check_writable(folder: Path, flag: str, what_to_do: str = "give another folder") -> None:
     """``folder`` (or the nearest folder above it that exists) takes new files: not read-only,
     writable by this user, not full. A one-line UsageError naming ``flag`` otherwise."""
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         raise UsageError(f"{flag} {folder}: {existing} is a file, not a folder; {what_to_do}")
     disk = os.statvfs(existing)
@@ -103,6 +103,11 @@ def check_writable(folder: Path, flag: str, what_to_do: str = "give another fold
     if free < MIN_FREE_BYTES:
         raise UsageError(f"{flag} {folder}: the disk holding {existing} is full ({free // 1024} "
                          f"KiB free); free some space or {what_to_do}")
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path``, or the nearest folder above it that exists (what creating it would write into)."""
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def free_bytes(folder: Path) -> int:

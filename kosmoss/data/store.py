@@ -45,7 +45,7 @@ import numpy as np
 import psutil
 
 from ..core.errors import DatasetError, RunFailed
-from ..core.files import atomic_write_json, free_bytes, read_json
+from ..core.files import atomic_write_json, free_bytes, nearest_existing, read_json
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
@@ -166,7 +166,7 @@ def _check_room(source: ColumnSource, dest: Path) -> None:
     if not isinstance(source, SyntheticSource):
         return
     need = source.n_columns * (source.schema.n_x + source.schema.n_y) * np.dtype(DTYPE).itemsize
-    existing = next(p for p in (dest, *dest.parents) if p.exists())
+    existing = nearest_existing(dest)
     free = free_bytes(existing)
     if need > free:
         raise DatasetError(f"{dest}: {source.n_columns:,} columns take {human_size(need)}, and "

@@ -14,7 +14,7 @@ from typing import FrozenSet, Optional, Tuple
 from ..core import paths
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import ConfigError, UsageError
-from ..core.files import MIN_FREE_BYTES, free_bytes, read_json
+from ..core.files import MIN_FREE_BYTES, free_bytes, nearest_existing, read_json
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.cpus import available_cores
@@ -156,13 +156,14 @@ def check_home_writable() -> None:
     """A run writes under $KOSMOSS_HOME/runs: a home that cannot be written is said before
     anything starts (not as a traceback once the data has loaded)."""
     runs = paths.runs_root()
-    existing = next((p for p in (runs, *runs.parents) if p.exists()), None)
-    if existing is None or not existing.is_dir() or not _writable(existing):
+    existing = nearest_existing(runs)
+    if not existing.is_dir() or not _writable(existing):
         raise UsageError(f"KOSMOSS_HOME {paths.home()}: {existing} cannot be written (runs go "
                          f"to {runs}); set KOSMOSS_HOME to a folder you can write")
-    if free_bytes(existing) < MIN_FREE_BYTES:
+    free = free_bytes(existing)
+    if free < MIN_FREE_BYTES:
         raise UsageError(f"KOSMOSS_HOME {paths.home()}: the disk holding {existing} is full "
-                         f"({free_bytes(existing) // 1024} KiB free; runs go to {runs}); free "
+                         f"({free // 1024} KiB free; runs go to {runs}); free "
                          "some space or set KOSMOSS_HOME to a folder on another disk")
 
 
@@ -225,8 +226,8 @@ def _check_output(path: Path) -> None:
         raise ConfigError("result_json", f"{{field}} {path}: exists and is not a kosmoss "
                           "result.json; give a new path (a previous result is replaced)")
     parent = path.expanduser().absolute().parent
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
-    if existing is None or not existing.is_dir() or not _writable(existing):
+    existing = nearest_existing(parent)
+    if not existing.is_dir() or not _writable(existing):
         raise ConfigError("result_json", f"{{field}} {path}: {existing} cannot be written; give a "
                           "path in a folder you can write")
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from helpers import resize_tmpfs, small_tmpfs
+from helpers import fill_up, one_device_run, resize_tmpfs, small_tmpfs
 from kosmoss.commands import bench, comm, lessons, project, stacks
 from kosmoss.core import files
 from kosmoss.core.errors import EXIT_FAILURE, EXIT_USAGE, RunFailed
@@ -103,12 +103,7 @@ def test_an_output_folder_on_a_disk_that_takes_no_writes_is_refused_first(
 def one_gpu_run(tmp_path, monkeypatch):
     """A 1-GPU run to project from, and step timings that do not depend on the machine."""
     monkeypatch.setattr(projection, "time_step", lambda batch, *a, **k: (0.01, 0.001))
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "result.json").write_text(json.dumps({
-        "world_size": 1, "per_device_batch_size": 1024, "train_samples_per_s": 1024 / 0.011,
-        "accelerator": "gpu"}))
-    return run
+    return one_device_run(tmp_path / "run", 1024)
 
 
 def test_a_disk_that_fills_before_the_projection_is_written_keeps_the_earlier_one(
@@ -119,12 +114,7 @@ def test_a_disk_that_fills_before_the_projection_is_written_keeps_the_earlier_on
         earlier = {p.name: p.read_bytes() for p in (disk / "out").iterdir()}
         capsys.readouterr()
         monkeypatch.setattr(files, "MIN_FREE_BYTES", 0)  # the disk fills after the check
-        (disk / "filler").write_bytes(b"")
-        with pytest.raises(OSError):  # fill what is left
-            with open(disk / "filler", "ab") as filler:
-                while True:
-                    filler.write(b"\0" * 65536)
-                    filler.flush()
+        fill_up(disk)
         code = _exit(project.main, [*argv, "--devices", "1", "4", "--out", str(disk / "out")])
         out, err = capsys.readouterr()
         assert code == EXIT_FAILURE and err.count("\n") == 1, err
