@@ -42,11 +42,16 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
     collectives had completed, so the figures are kept, with a warning (ranks end with
     :func:`leave_rank`, which avoids the one such death seen). A rank that fails before, or
     raises, fails the measurement."""
+    from multiprocessing import resource_tracker
+
     import torch.multiprocessing as mp
 
     # A stop signal that lands while the ranks are spawned would cut a rank's start-up data
     # short (its EOFError traceback) before the parent holds the processes it must end:
-    # held until they are started (the ranks inherit the mask; _rank lifts it).
+    # held until they are started (the ranks inherit the mask; _rank lifts it). The spawn
+    # starts multiprocessing's resource tracker first, and that start unblocks both signals
+    # when it ends (multiprocessing/resource_tracker.py): it is started before the hold.
+    resource_tracker.ensure_running()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
