@@ -12,7 +12,8 @@
 
 --batch-size is the global batch: each of the N processes gets batch-size / N.
 Results go to $KOSMOSS_HOME/runs/<run-id>/ (result.json, TensorBoard, CSV, checkpoints).
-Exit codes: 0 done (or stopped by SIGTERM/SIGUSR1 with a checkpoint), 1 failed, 2 bad input,
+Exit codes: 0 done (or stopped by SIGTERM/SIGUSR1 with a checkpoint), 1 failed (or diverged:
+the weights NaN or inf), 2 bad input,
 128 + signal when stopped without one (130 Ctrl-C, 143 SIGTERM): docs/reliability.md.
 """
 import sys

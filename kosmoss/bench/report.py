@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Callable, List, Optional
 
 from rich.console import Group
 from rich.table import Table
 
-from ..core.files import atomic_write_with
+from ..core.files import atomic_write_with, json_text
 from .figures import TARGET_MARGIN
 
 OUTPUTS = ("bench.json", "bench.csv", "bench.png")
@@ -128,7 +127,7 @@ def _write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_json(bench: dict, path: Path) -> None:
-    _write(path, lambda tmp: tmp.write_text(json.dumps(bench, indent=2) + "\n"))
+    _write(path, lambda tmp: tmp.write_text(json_text(bench)))
 
 
 def csv_text(bench: dict) -> str:

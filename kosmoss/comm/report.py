@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Callable, List
 
 from rich.table import Table
 
-from ..core.files import atomic_write_with
+from ..core.files import atomic_write_with, json_text
 from ..scaling.allreduce import human_size
 
 OUTPUTS = ("comm.json", "comm.csv", "comm.png")
@@ -121,7 +120,7 @@ def write_png(result: dict, path: Path) -> None:
 def write_all(result: dict, out_dir: Path) -> List[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in OUTPUTS]
-    _write(paths[0], lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n"))
+    _write(paths[0], lambda tmp: tmp.write_text(json_text(result)))
     _write(paths[1], lambda tmp: tmp.write_text(csv_text(result)))
     write_png(result, paths[2])
     return paths

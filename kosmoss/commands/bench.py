@@ -12,7 +12,6 @@ run directory under runs/.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import uuid
 from dataclasses import dataclass
@@ -131,7 +130,7 @@ def _print_and_write(args, bench: dict, out_dir: Path, echo) -> list:
     from ..bench import report
 
     if args.json:
-        print(json.dumps(bench, indent=2))
+        print(files.json_text(bench), end="")
     else:
         _console().print(report.table(bench))
     with files.writing_into(out_dir):

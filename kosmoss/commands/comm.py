@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import uuid
 from datetime import datetime
@@ -88,7 +87,7 @@ def comm_command(args: argparse.Namespace) -> None:
             progress.print(f"over {made.describe()}", markup=False)
         result = measure(plan)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(files.json_text(result), end="")
     else:
         Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(
             report.table(result))

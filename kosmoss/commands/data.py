@@ -91,6 +91,7 @@ def _request(args: argparse.Namespace):
     _refuse(args, MAELSTROM_FLAGS, "only with --source maelstrom")
     _at_least(args.columns, 1, "--columns")
     _at_least(args.levels, 2, "--levels")
+    _at_least(args.seed, 0, "--seed")  # numpy's generators take no negative seed
     if args.columns is not None:
         if args.preset is not None:
             raise UsageError(f"--columns and preset {args.preset!r}: give one of them")

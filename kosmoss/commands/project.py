@@ -17,8 +17,8 @@ without the figures a projection needs, counts below 1) is one line and exit cod
 from __future__ import annotations
 
 import argparse
+import math
 import io
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -28,8 +28,8 @@ from rich.table import Table
 
 from ..core.commandline import command_main
 from ..core.errors import UsageError
-from ..core.files import (atomic_write_json, atomic_write_text, atomic_write_with, output_folder,
-                          read_json, writing_into)
+from ..core.files import (atomic_write_json, atomic_write_text, atomic_write_with, json_text,
+                          output_folder, read_json, writing_into)
 
 HELP = ("predicted DDP scaling (N devices per node x M nodes): step time, samples/s, "
         "efficiency, communication share, break-even, the dominant assumption")
@@ -109,7 +109,7 @@ def project_command(args: argparse.Namespace) -> None:
                            one_machine=args.one_machine or _comm_on_one_machine(args))
     result = {**_result(args, profile, shape, base, rows, batch), "left_out": left_out}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json_text(result), end="")
     else:
         _print(result)
     if out_dir is not None:
@@ -125,8 +125,8 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {bad[0]}: must be >= 1")
     for flag, value in (("--batch-size", args.batch_size), ("--bucket-mb", args.bucket_mb),
                         ("--cores", args.cores)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{flag} {value:g}: must be positive")
+        if value is not None and not (value > 0 and math.isfinite(value)):  # nan, inf too
+            raise UsageError(f"{flag} {value:g}: must be a positive number")
     if args.row and (args.source is None):
         raise UsageError("--row: only with --from a bench.json")
 

@@ -9,13 +9,13 @@ ranks' heartbeat files, psutil and nvitop; writes nothing into the run.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 
 from ..core.commandline import command_main
 from ..core.errors import UsageError
+from ..core.files import json_text
 
 HELP = "per-rank live view of a run: step, samples/s, loss, CPU, memory, GPU; stragglers flagged"
 
@@ -65,7 +65,7 @@ def watch_command(args: argparse.Namespace) -> None:
 
 def _print(snap, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(snap.as_dict(), indent=2))
+        print(json_text(snap.as_dict()), end="")
         return
     from ..diagnose.watch import console, table
 

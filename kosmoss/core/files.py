@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -40,7 +41,24 @@ def atomic_write_text(path: Union[str, Path], text: str) -> Path:
 
 
 def atomic_write_json(path: Union[str, Path], data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    return atomic_write_text(path, json_text(data))
+
+
+def json_text(data: Any) -> str:
+    """Indented JSON that every reader takes: Python writes NaN and inf bare, which is no
+    JSON (jq, browsers and JSON.parse refuse the whole file); they are written null, as
+    JavaScript's JSON.stringify writes them."""
+    return json.dumps(_numbers_or_null(data), indent=2, allow_nan=False) + "\n"
+
+
+def _numbers_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _numbers_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_numbers_or_null(item) for item in value]
+    return value
 
 
 JSON_MAX_BYTES = 64 * 2**20  # a result.json with a validation curve of a million points
@@ -51,8 +69,14 @@ _NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_I
 
 def read_json(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> Any:
     """The JSON in ``path`` when it is a regular file of at most ``limit`` bytes; else OSError
-    or ValueError (whose text says why). A FIFO would wait for a writer forever and /dev/zero
-    never ends, so neither is read."""
+    or ValueError (whose text says why)."""
+    return json.loads(read_regular(path, limit))
+
+
+def read_regular(path: Union[str, Path], limit: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most ``limit`` bytes; else
+    OSError or ValueError (whose text says why). A FIFO would wait for a writer forever and
+    /dev/zero never ends, so neither is read."""
     # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
@@ -66,7 +90,7 @@ def read_json(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> Any:
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"over {limit / 2**20:g} MiB, too large for what it should hold")
-    return json.loads(data)
+    return data
 
 
 MIN_FREE_BYTES = 2**20  # a command's tables, figures and logs; below this the disk is full

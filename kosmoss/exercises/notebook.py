@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import List
 
 from ..core.errors import UsageError
+from ..core.files import read_regular
 from .core import Exercise, marked_id, notebook_glob
 
 INSTALL_HINT = 'in kosmoss\'s checkout: pip install torch==2.13.0 -e ".[lessons]"'
 WORKING_FOLDER = Path("kosmoss-lessons")  # `kosmoss lessons`' default --dest
 MANIFEST = ".kosmoss-lessons.json"  # what `kosmoss lessons` writes in its working folder
+NOTEBOOK_MAX_BYTES = 256 * 2**20  # a lesson with its figures is a few MiB
 
 
 def default_notebook(lesson: str, cwd: Path | None = None) -> Path:
@@ -32,14 +34,20 @@ def default_notebook(lesson: str, cwd: Path | None = None) -> Path:
 
 def code_cells(path: Path) -> List[str]:
     """The source of every code cell of a notebook, ``.ipynb`` or jupytext ``.py``."""
-    if not path.is_file():
-        raise UsageError(f"--notebook {path}: no such file; give the lesson's .ipynb or .py")
+    try:
+        text = read_regular(path, NOTEBOOK_MAX_BYTES).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UsageError(f"--notebook {path}: no such file; give the lesson's .ipynb or .py") \
+            from None
+    except (OSError, ValueError) as err:  # a folder, a FIFO, /dev/zero: never read whole
+        raise UsageError(f"--notebook {path}: {getattr(err, 'strerror', None) or err}; give "
+                         "the lesson's .ipynb or .py") from None
     try:
         import jupytext
     except ImportError:
         raise UsageError(f"reading a notebook needs jupytext: {INSTALL_HINT}") from None
     try:
-        notebook = jupytext.read(path)
+        notebook = jupytext.reads(text, fmt=path.suffix.lstrip(".") or "py")
     except Exception as err:  # jupytext and nbformat raise many kinds for a broken file
         raise UsageError(f"--notebook {path}: cannot read it as a notebook "
                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

@@ -24,14 +24,19 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
     saves ``last`` after each validation and, at the end of training, only if it never saved
     one: a run ended by ``--max-steps`` mid-epoch kept the last validation's, and resuming
     it to train further trained the steps after that validation a second time. An epoch
-    that a stop (``interrupted``) cut short is no epoch's end: nothing is saved then, as in
-    a run never stopped (``preempted.ckpt`` holds that step)."""
+    that a stop cut short is no epoch's end: nothing is saved then, as in a run never
+    stopped (``preempted.ckpt`` holds that step); nor once the weights are NaN or inf
+    (kosmoss.run.divergence). ``saves_no_more`` says when either happened."""
 
-    def __init__(self, *args, interrupted: Callable[[], bool] = lambda: False,
+    def __init__(self, *args, saves_no_more: Callable[[], bool] = lambda: False,
                  **kwargs) -> None:
         # One run folder, one run: a resumed attempt replaces last.ckpt, never last-v1.ckpt.
         super().__init__(*args, enable_version_counter=False, **kwargs)
-        self.interrupted = interrupted
+        self.saves_no_more = saves_no_more
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.saves_no_more():  # a NaN validation loss: its weights are not kept
+            super().on_validation_end(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # --max-steps can end the first epoch before any validation: no val_loss yet to rank
@@ -39,11 +44,11 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
         # either way). on_train_end below still saves last.ckpt.
         if self.monitor is not None and self.monitor not in trainer.callback_metrics:
             return
-        if not self.interrupted():
+        if not self.saves_no_more():
             super().on_train_epoch_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.interrupted():
+        if self.saves_no_more():
             return  # Lightning's own would save last.ckpt at the stop
         if self.save_last and private.last_saved_step(self) != trainer.global_step:
             private.save_last(self, trainer)

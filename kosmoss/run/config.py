@@ -74,6 +74,9 @@ class RunConfig:
         return data
 
 
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything: numpy's legacy seed is a uint32
+
+
 def validate(config: RunConfig) -> Tuple[str, ...]:
     """Raise :class:`ConfigError` for the first bad field; return warnings for odd ones.
     Cheap: no torch; only looks at ``result_json``, the run to resume and $KOSMOSS_HOME."""
@@ -102,6 +105,9 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
     if not config.hidden or min(config.hidden) < 1:
         raise ConfigError("hidden", f"{{field}} {' '.join(map(str, config.hidden))}: give one "
                           "or more layer sizes >= 1")
+    if not 0 <= config.seed <= MAX_SEED:
+        raise ConfigError("seed", f"{{field}} {config.seed}: give a seed from 0 to {MAX_SEED} "
+                          "(Lightning seeds numpy's generator, which takes no other)")
     if config.num_workers is not None and config.num_workers < 0:
         raise ConfigError("num_workers", f"{{field}} {config.num_workers}: must be >= 0")
     if config.steps_per_execution is not None:

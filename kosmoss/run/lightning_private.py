@@ -79,9 +79,13 @@ NAMES: Tuple[PrivateName, ...] = (
     PrivateName(f"{_PL}.loops.fit_loop:_FitLoop", "update_restart_stage", "behaviour",
                 ("kosmoss.run.loops",), "a checkpoint in the form of one saved at a training "
                 "batch's end resumes exactly; the other forms do not (kosmoss.run.loops)"),
+    PrivateName(f"{_PL}.loops.training_epoch_loop:_TrainingEpochLoop", "_skip_next_val",
+                "attribute", ("kosmoss.run.divergence",), "no validation at the end of the "
+                "epoch whose last step made the weights NaN (Lightning's own skip after a resume)"),
     PrivateName(f"{_PL}.loops.training_epoch_loop:_TrainingEpochLoop", "max_steps", "behaviour",
-                ("kosmoss.run.preemption",), "read after every step: set to the step made, the "
-                "fit ends there as at --max-steps; should_stop would validate and log a row"),
+                ("kosmoss.run.preemption", "kosmoss.run.divergence"), "read after every step: "
+                "set to the step made, the fit ends there as at --max-steps; should_stop would "
+                "validate and log a row"),
     PrivateName("torch.distributed", "_compute_bucket_assignment_by_size", "function",
                 ("kosmoss.scaling.projection", "kosmoss.exercises.lesson09"),
                 "DDP's own bucket split: the projection's all-reduces, lesson 9's checker"),
@@ -152,6 +156,11 @@ def end_fit_here(trainer) -> None:
     (validation, checkpoints) only if this was its last batch. ``trainer.should_stop``
     would validate now and log this step's metrics off the loggers' cadence."""
     _epoch_loop(trainer).max_steps = trainer.global_step
+
+
+def skip_next_validation(trainer) -> None:
+    """The epoch that ends now ends without its validation (and the checkpoints saved then)."""
+    _epoch_loop(trainer)._skip_next_val = True
 
 
 def on_last_batch(trainer) -> bool:

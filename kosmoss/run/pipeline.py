@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from typing import Callable, Iterator
 
 from pytorch_lightning.utilities import rank_zero_only
@@ -20,10 +21,12 @@ from rich.console import Console
 
 from .. import launch
 from ..core.errors import EXIT_FAILURE, RunFailed
+from ..core.files import read_json
 from ..data.store import verify_checksums
 from ..launch import records
 from .allocator import pin_malloc_thresholds
 from .config import RunConfig
+from .divergence import Diverged, diverged_line
 from .plan import RunPlan, prepare
 from .report import ResultNotWritten, report
 from .train import train
@@ -52,8 +55,8 @@ def run_from_command_line(prog: str, config: RunConfig) -> None:
         if speaks:
             print(f"{prog}: {stop}", file=sys.stderr)
         raise SystemExit(stop.exit_code) from None
-    except RunFailed:
-        if speaks:
+    except RunFailed as failure:
+        if speaks and getattr(failure, "speaks", True):  # a divergence: global zero's line
             raise
         raise SystemExit(EXIT_FAILURE) from None
 
@@ -164,11 +167,13 @@ def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:
     """Start one process per simulated node, each running this same command."""
     with records.recorded(plan.run_dir, kind=plan.topology.launcher.value,
                           details=run_details(plan)) as membership:  # marks the nodes
+        started = time.time()
         with _stopped_said(plan):
             failure = launch.simulate_nodes(plan.topology, {records.RUN_ID_ENV: plan.run_id},
                                             echo, hosts=plan.config.hosts,
                                             link_rate=plan.config.link_rate, run_id=plan.run_id)
         if failure is not None:
+            _raise_if_diverged(plan, started)  # every node ended so: its line, not an exit code
             why = _recorded_error(plan, failure.pid)
             raise RunFailed(f"{failure}{f' ({why})' if why else ''}; the other nodes were ended "
                             f"too (run {plan.run_id})")
@@ -177,6 +182,17 @@ def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:
         if result.get("stopped_by"):
             membership.stopped()
         return result
+
+
+def _raise_if_diverged(plan: RunPlan, started: float) -> None:
+    """The nodes' result.json, written by this attempt, says the run diverged."""
+    path = plan.run_dir / "result.json"
+    try:
+        result = read_json(path) if path.stat().st_mtime >= started else None
+    except (OSError, ValueError):
+        return  # none written: the node failed before its report
+    if isinstance(result, dict) and result.get("diverged"):
+        raise Diverged(diverged_line(result))
 
 
 def _recorded_error(plan: RunPlan, pid: int) -> str:

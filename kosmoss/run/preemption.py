@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -37,8 +37,12 @@ class StopOnSignal(LeanCallback):
     an epoch, at once and with nothing a run never stopped would not do; on an epoch's last
     batch, once the epoch has ended as in that run (its validation, its checkpoints)."""
 
-    def __init__(self, checkpoint_dir: Path) -> None:
+    def __init__(self, checkpoint_dir: Path, *,
+                 halted: Callable[[], bool] = lambda: False) -> None:
         self.checkpoint = Path(checkpoint_dir) / CHECKPOINT
+        # The run ended otherwise at this step (its weights are NaN: kosmoss.run.divergence):
+        # nothing to stop, nothing worth saving. Every rank knows it at the same step.
+        self.halted = halted
         self.received: Optional[int] = None
         self.stopped_by: Optional[str] = None
         self.stopped_at_step: Optional[int] = None
@@ -61,7 +65,7 @@ class StopOnSignal(LeanCallback):
         private.drop_sigterm_broadcast(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.stopped_by:
+        if self.stopped_by or self.halted():
             return
         if trainer.world_size == 1:
             signum = self.received or 0
@@ -80,7 +84,7 @@ class StopOnSignal(LeanCallback):
         self._save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.stopped_by and not self.stopped_mid_epoch:
+        if self.stopped_by and not self.stopped_mid_epoch and not self.halted():
             self._save(trainer)
 
     def _save(self, trainer) -> None:

@@ -13,6 +13,7 @@ from .. import __version__
 from ..core.errors import RunFailed
 from ..core.files import atomic_write_json
 from ..data.stats import Statistics
+from .divergence import Diverged, diverged_line
 from .plan import RunPlan
 from .train import Outcome
 
@@ -23,13 +24,20 @@ class ResultNotWritten(RunFailed):
 
 def report(plan: RunPlan, outcome: Outcome, *, echo: Callable[[str], None]) -> dict:
     """result.json and the summary line (global zero); :class:`ResultNotWritten` once the
-    summary is out when a copy could not be written (the caller records the run first)."""
+    summary is out when a copy could not be written (the caller records the run first).
+    A run that diverged raises :class:`~.divergence.Diverged` on every rank once its
+    result is written: its line is the summary."""
     result = result_of(plan, outcome)
     if outcome.is_global_zero:
         failure = write_results(result, plan.run_dir, plan.config.result_json)
-        echo(summary(result))
-        if failure:
+        if not outcome.diverged:
+            echo(summary(result))
+        if failure and not outcome.diverged:
             raise ResultNotWritten(failure)
+    if outcome.diverged:
+        line = diverged_line(result) + (f"; but {failure}" if outcome.is_global_zero and failure
+                                        else "")
+        raise Diverged(line, speaks=outcome.is_global_zero)
     return result
 
 
@@ -64,6 +72,7 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "precision": config.precision,
         "activation_dtype": outcome.activation_dtype,
         "stopped_by": outcome.stopped_by,
+        "diverged": outcome.diverged,  # what was NaN or inf, at which step; else null
         "resumed_from": str(plan.resume_from) if plan.resume_from else None,
         "resumed_from_step": plan.resumed_from_step,
         "trained_from_step": meter.trained_from_step,

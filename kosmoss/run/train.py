@@ -29,6 +29,7 @@ from .callbacks import (BatchesProgressBar, CheckpointToTheEnd, ExactAllReduce, 
                         LogsWithCheckpoints, PrecisionProbe, ReplicaCheck, ThroughputMeter)
 from .chunks import StepsInChunks
 from .datamodule import RunDataModule
+from .divergence import StopWhenDiverged
 from .faults import AtomicCheckpointIO, ContinuedCSVLogger, DeadRankNamed
 from .graphs import GraphsOnTheDevice
 from .lean import LeanLitMLP, NoProfiler
@@ -53,6 +54,7 @@ class Outcome:
     activation_dtype: Optional[str]
     params: int
     stopped_by: Optional[str]
+    diverged: Optional[dict]  # what was NaN or inf, at which step (kosmoss.run.divergence)
     # Under Slurm, after SIGUSR1: requeue the job (returns its id). Called once the records
     # and result.json say "stopped": Slurm's SIGTERM to the job's tasks follows at once.
     requeue: Callable[[], Optional[str]] = lambda: None
@@ -87,10 +89,13 @@ def train(plan: RunPlan) -> Outcome:
         # 2.11 and 2.13, tests/run/test_graphs.py).
         model.net.forward = torch.compile(model.net.forward)
     meter, replicas, probe = ThroughputMeter(), ReplicaCheck(), PrecisionProbe()
-    stopper = StopOnSignal(plan.run_dir / "checkpoints")
-    # DeadRankNamed first: its one line must be decided before other hooks run on a failure.
+    divergence = StopWhenDiverged()
+    stopper = StopOnSignal(plan.run_dir / "checkpoints",
+                           halted=lambda: divergence.found is not None)
+    # DeadRankNamed first: its one line must be decided before other hooks run on a failure;
+    # divergence before the stop: NaN weights are never saved as a preemption's checkpoint.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
-    callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, stopper,
+    callbacks = [DeadRankNamed(plan.run_dir), meter, replicas, probe, divergence, stopper,
                  Heartbeat(plan.run_dir), GpuShare(plan.share), ExactResume(steps),
                  LogsWithCheckpoints(), ExactAllReduce()]
     if config.cuda_graphs:
@@ -104,13 +109,16 @@ def train(plan: RunPlan) -> Outcome:
         trainer.fit(model, datamodule=datamodule, ckpt_path=plan.resume_from)
         if meter.trained_from_step is None:
             _finish_skipped_fit(trainer, model, meter, replicas)
-        scores = {} if stopper.stopped_by else _evaluate(trainer, model, datamodule, meter)
+        ended_early = stopper.stopped_by or divergence.found
+        scores = {} if ended_early else _evaluate(trainer, model, datamodule, meter)
+        divergence.after_fit(scores, trainer.global_step)
     outcome = Outcome(
         is_global_zero=trainer.is_global_zero, global_step=trainer.global_step,
         epochs=trainer.current_epoch, scores={name: scores.get(name) for name in SCORES},
         meter=meter, replica_checksums=replicas.checksums,
         activation_dtype=probe.activation_dtype,
-        params=sum(p.numel() for p in model.parameters()), stopped_by=stopper.stopped_by,
+        params=sum(p.numel() for p in model.parameters()),
+        stopped_by=None if divergence.found else stopper.stopped_by, diverged=divergence.found,
         requeue=stopper.requeue_if_asked if trainer.is_global_zero else (lambda: None),
         extra=_graph_figures(config, model),
     )
@@ -164,9 +172,14 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     config, topology, scaling = plan.config, plan.topology, plan.scaling
     steps_per_epoch = max(1, plan.split_sizes["train"] // scaling.global_batch_size)
     stopper = next((c for c in callbacks if isinstance(c, StopOnSignal)), None)
+    divergence = next((c for c in callbacks if isinstance(c, StopWhenDiverged)), None)
+
+    def saves_no_more() -> bool:  # a stop cut the epoch short, or the weights are gone
+        return bool(stopper and stopper.stopped_mid_epoch or divergence and divergence.found)
+
     callbacks = callbacks + [
         CheckpointToTheEnd(dirpath=plan.run_dir / "checkpoints", monitor="val_loss", save_last=True,
-                           interrupted=lambda: bool(stopper and stopper.stopped_mid_epoch)),
+                           saves_no_more=saves_no_more),
     ]
     if config.progress:
         callbacks.append(BatchesProgressBar())

@@ -32,6 +32,15 @@ def _imported_modules(args):
      "--batch-size 255 is not divisible by the world size 2: use a multiple of 2"),
     (["-m", "kosmoss", "train", "--num-nodes", "2", "--num-processes", "2", "--batch-size", "3"],
      "--batch-size 3 is smaller than the world size 4"),
+    # Lightning seeds numpy's legacy generator: a uint32 (both were a ValueError traceback).
+    (["trainup_cpu.py", "--seed", "-1"], "--seed -1: give a seed from 0 to 4294967295"),
+    (["trainup_cpu.py", "--seed", str(2**32)], f"--seed {2**32}: give a seed from 0 to"),
+    (["-m", "kosmoss", "data", "prepare", "--columns", "10", "--seed", "-1"],
+     "--seed -1: must be >= 0"),
+    # NaN passed "<= 0" and reached int() (a traceback); inf too.
+    (["-m", "kosmoss", "project", "--bucket-mb", "nan"], "--bucket-mb nan: must be a positive"),
+    (["-m", "kosmoss", "project", "--bucket-mb", "inf"], "--bucket-mb inf: must be a positive"),
+    (["-m", "kosmoss", "project", "--cores", "nan"], "--cores nan: must be a positive number"),
 ])
 def test_usage_errors_come_before_torch_is_imported(args, names):
     proc, modules, errors = _imported_modules(args)

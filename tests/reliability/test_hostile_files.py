@@ -9,7 +9,7 @@ import os
 import pytest
 
 from helpers import fill_up, one_device_run, resize_tmpfs, small_tmpfs
-from kosmoss.commands import bench, comm, lessons, project, stacks
+from kosmoss.commands import bench, check, comm, lessons, project, stacks
 from kosmoss.core import files
 from kosmoss.core.errors import EXIT_FAILURE, EXIT_USAGE, RunFailed
 from kosmoss.lessons.course import MANIFEST, bundle, source_root, to_ipynb
@@ -67,6 +67,17 @@ def test_project_comm_that_is_no_file_is_one_line(capsys, hostile, kind):
     path = hostile[kind]
     err = _one_line(capsys, project.main, ["--comm", str(path), "--intra", "pcie4"])
     assert f"--comm {path}: not readable (a " in err and "give kosmoss comm's comm.json" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind, why", [("FIFO", "a FIFO, not a regular file"),
+                                       ("device", "a device, not a regular file"),
+                                       ("folder", "a folder, not a regular file")])
+def test_check_notebook_that_is_no_file_is_one_line(capsys, hostile, kind, why):
+    """It said "no such file" of each (a FIFO was safe only by that check's luck)."""
+    path = hostile[kind]
+    err = _one_line(capsys, check.main, ["--notebook", str(path), "01"])
+    assert f"--notebook {path}: {why}; give the lesson's .ipynb or .py" in err
 
 
 @pytest.mark.timeout(60)

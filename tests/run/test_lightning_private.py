@@ -152,6 +152,31 @@ def test_a_fit_ends_after_the_step_that_sets_max_steps_without_validating(random
     assert [int(row.split(",")[1]) for row in rows] == [3], _label(entry)  # (3 + 1) % 4 == 0
 
 
+def test_a_skipped_validation_is_that_epochs_only(random_dataset, tmp_path):
+    """skip_next_validation on an epoch's last batch: that epoch ends without validating (its
+    checkpoint with it), the next one validates (StopWhenDiverged relies on the first)."""
+
+    class SkipFirst(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.current_epoch == 0 and private.on_last_batch(trainer):
+                private.skip_next_validation(trainer)
+
+    validations = []
+
+    class CountValidations(pl.Callback):
+        def on_validation_start(self, trainer, pl_module):
+            validations.append(trainer.global_step)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, num_sanity_val_steps=0,
+                         callbacks=[SkipFirst(), CountValidations()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False)
+    model = LitMLP(random_dataset.n_x, (4,), random_dataset.n_y)
+    trainer.fit(model, datamodule=RunDataModule(random_dataset, batch_size=64, seed=1))
+    epoch = trainer.global_step // 2
+    assert validations == [2 * epoch], _label(_entry("_skip_next_val"))
+
+
 def test_a_none_hook_is_skipped_by_lightnings_dispatcher(random_dataset):
     class Skipped(pl.Callback):
         on_train_batch_end = None
