@@ -766,6 +766,34 @@ for name, found in noise.items():
 # resolve the table only so far.
 
 # %% [markdown]
+# ## When a real run diverges
+#
+# The loop above stops a run whose loss leaves the finite numbers. `trainup_cpu.py` does
+# the same for every run, on every rank at once: each rank's loss is its own, but after
+# DDP's all-reduce the weights are the same on all of them, so it checks the *weights*
+# (every few steps and at each epoch's end: the cell prints how often) and every rank
+# decides alike with no extra message. The run ends there, keeps no checkpoint of NaN
+# weights, writes where it found them in `result.json` and fails (its exit code says
+# so). Here with a rate far too high:
+
+# %%
+import json
+import sys
+
+from kosmoss.lessons import scratch_folder, script, sh
+
+diverging = scratch_folder("lesson04-") / "result.json"
+too_high = 1e30  # Adam's first step moves every weight by about the rate
+done = sh([sys.executable, script("trainup_cpu.py"), "--dataset", "tiny", "--lr", str(too_high),
+           "--batch-size", "64", "--max-epochs", "3", "--no-progress",
+           "--result-json", str(diverging)], check=False)
+found = json.loads(diverging.read_text())["diverged"]
+print(f"exit code {done.returncode}; {found['what']} at step {found['step']}, numbers at "
+      f"the check before (step {found['finite_at_step']}); checked every "
+      f"{found['checked_every']} steps and at each epoch's end")
+assert done.returncode == 1 and "NaN or inf" in found["what"]
+
+# %% [markdown]
 # ## With a GPU
 #
 # The arithmetic does not change: `k` counts the ranks (times the accumulated

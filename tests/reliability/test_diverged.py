@@ -219,3 +219,27 @@ def test_a_checkpoint_holding_nan_weights_is_not_trained_on(shared_home, tmp_pat
     with pytest.raises(Diverged, match="the weights resumed from are NaN or inf at step 5;"):
         run_in_process(tmp_path, monkeypatch, resume=run_dir.name, max_steps=9, **flags)
     assert strict_json(run_dir / "result.json")["global_step"] == 5
+
+
+def test_a_sigterm_at_the_step_that_finds_nan_weights_saves_none_of_them(
+        shared_home, tmp_path, monkeypatch):
+    """The stop and the divergence at one step: the divergence wins (exit 1, no
+    preempted.ckpt of NaN weights), the checkpoint before it stays the newest."""
+    import signal
+
+    import kosmoss.run.train as train_module
+    from stops import SignalAt
+
+    tiny = shared_home / "data" / "tiny"
+    epoch = batches_per_epoch(tiny, 64)
+    build = train_module.build_trainer
+    both = [CorruptBatchAt(CORRUPT_AT), SignalAt(CHECK_EVERY_STEPS - 1, signal.SIGTERM)]
+    monkeypatch.setattr(train_module, "build_trainer",
+                        lambda plan, callbacks: build(plan, callbacks + both))
+    with pytest.raises(Diverged, match=f"at step {CHECK_EVERY_STEPS} "):
+        run_in_process(tmp_path, monkeypatch, dataset=str(tiny), batch_size=64, hidden=(16,),
+                       max_epochs=5, steps_per_execution=1)
+    run_dir = _the_run(tmp_path)
+    assert strict_json(run_dir / "result.json")["stopped_by"] is None
+    assert _checkpoint_steps(run_dir) == {f"epoch=0-step={epoch}.ckpt": (epoch, True),
+                                          "last.ckpt": (epoch, True)}
