@@ -29,8 +29,9 @@ class RunningMoments:
     m2: np.ndarray | None = field(default=None, repr=False)
 
     def update(self, rows: np.ndarray) -> None:
-        for start in range(0, len(rows), CHUNK_ROWS):
-            self._merge(np.asarray(rows[start:start + CHUNK_ROWS], dtype=np.float64))
+        with np.errstate(invalid="ignore"):  # a NaN or inf in the data: Statistics.not_numbers
+            for start in range(0, len(rows), CHUNK_ROWS):
+                self._merge(np.asarray(rows[start:start + CHUNK_ROWS], dtype=np.float64))
 
     def _merge(self, chunk: np.ndarray) -> None:
         n_b = len(chunk)
@@ -75,6 +76,12 @@ class Statistics:
     def safe_std(std: np.ndarray, mean: np.ndarray | None = None) -> np.ndarray:
         # A constant feature carries no information: dividing by 1 keeps it at 0 after centring.
         return np.where(Statistics.is_constant(std, mean), 1.0, std)
+
+    def not_numbers(self) -> tuple:
+        """(input, output) features whose mean or std is NaN or inf: they hold such a value
+        (float32 values summed in float64 cannot overflow)."""
+        return tuple(int(np.count_nonzero(~(np.isfinite(mean) & np.isfinite(std))))
+                     for mean, std in ((self.x_mean, self.x_std), (self.y_mean, self.y_std)))
 
     def x_constant(self) -> np.ndarray:
         return self.is_constant(self.x_std, self.x_mean)

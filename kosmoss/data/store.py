@@ -153,7 +153,12 @@ def _prepare(source: ColumnSource, dest: Path, shard_size: int, force: bool, on_
             _swap_into_place(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return open_dataset(dest, verify=False)
+    prepared = open_dataset(dest, verify=False)
+    inputs, outputs = prepared.statistics().not_numbers()
+    if (inputs or outputs) and log:  # kept, for `kosmoss data info`; runs refuse it
+        log(f"warning: {dest}: {inputs} input and {outputs} output feature(s) hold NaN or inf "
+            "values; a run on it is refused until it is prepared from a clean source")
+    return prepared
 
 
 def _check_room(source: ColumnSource, dest: Path) -> None:

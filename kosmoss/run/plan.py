@@ -115,6 +115,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset, config.seed)
     _check_fits(config.dataset, sizes, scaling)
+    _check_numbers(config.dataset, dataset)
     data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
                             gpu_bytes=gpu_bytes_per_rank(policy, share))
     need = _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host,
@@ -207,6 +208,16 @@ def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: Dev
 def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
     parts = split_indices(dataset.n_samples, SPLITS, seed)
     return {stage: len(part) for stage, part in zip(("train", "val", "test"), parts)}
+
+
+def _check_numbers(name: str, dataset: PreparedDataset) -> None:
+    """A feature that holds a NaN or inf: normalised by its statistics, every column's
+    inputs or targets are NaN and the run would diverge at its first step, blaming its rate."""
+    inputs, outputs = dataset.statistics().not_numbers()
+    if inputs or outputs:
+        raise ConfigError("dataset", f"{{field}} {name}: {inputs} input and {outputs} output "
+                          "feature(s) hold NaN or inf values (their mean or std is no number): "
+                          "every step would be NaN; prepare it again from a clean source")
 
 
 def _check_fits(dataset: str, sizes: Dict[str, int], scaling: ScalingPlan) -> None:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from stops import batches_per_epoch, run_in_process
 
 from kosmoss.core.files import json_text
+from kosmoss.data.schema import OUTPUT_BLOCK
 from kosmoss.run.divergence import CHECK_EVERY_STEPS, Diverged, weights_finite
 
 CORRUPT_AT = 30  # inside the second epoch at every world size below: after one checkpoint
@@ -243,3 +244,49 @@ def test_a_sigterm_at_the_step_that_finds_nan_weights_saves_none_of_them(
     assert strict_json(run_dir / "result.json")["stopped_by"] is None
     assert _checkpoint_steps(run_dir) == {f"epoch=0-step={epoch}.ckpt": (epoch, True),
                                           "last.ckpt": (epoch, True)}
+
+
+class _SourceWithNaN:
+    """RandomSource whose first column holds a NaN input and an inf target."""
+
+    def __init__(self, n_columns: int):
+        from helpers import RandomSource
+        self.inner = RandomSource(n_columns)
+        self.schema, self.n_columns = self.inner.schema, n_columns
+
+    def iter_chunks(self, chunk_size):
+        for index, blocks in enumerate(self.inner.iter_chunks(chunk_size)):
+            if index == 0:
+                blocks["sca_inputs"][0, 1] = math.nan
+                blocks[OUTPUT_BLOCK][0, 0, 0] = math.inf
+            yield blocks
+
+    def describe(self):
+        return {"name": "random-with-nan"}
+
+
+def test_a_dataset_holding_nan_is_refused_before_the_run_starts(tmp_path):
+    """It used to train, diverge at the first check and blame the rate."""
+    from kosmoss.data.store import prepare
+
+    home = tmp_path / "home"
+    folder = prepare(_SourceWithNaN(600), home / "data" / "broken", shard_size=256).path
+    done = _trainup(home, "--dataset", str(folder), "--batch-size", "64",
+                    script=REPO / "trainup_cpu.py")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert lines[0] == (f"trainup_cpu.py: error: --dataset {folder}: 1 input and 1 output "
+                        "feature(s) hold NaN or inf values (their mean or std is no number): "
+                        "every step would be NaN; prepare it again from a clean source")
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
+
+
+def test_preparing_a_dataset_holding_nan_warns_in_one_line(tmp_path, recwarn):
+    from kosmoss.data.store import prepare
+
+    said = []
+    prepare(_SourceWithNaN(600), tmp_path / "broken", shard_size=256, log=said.append)
+    assert said == [f"warning: {tmp_path / 'broken'}: 1 input and 1 output feature(s) hold "
+                    "NaN or inf values; a run on it is refused until it is prepared from a "
+                    "clean source"]
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # numpy's
