@@ -118,3 +118,21 @@ def test_env_reports_horovod(horovod_ready, tmp_path):
                           env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["backends"]["horovod"] is True
+
+
+def test_a_run_that_diverges_under_horovodrun_ends_every_rank_in_one_line(
+        horovod_ready, shared_home, tmp_path):
+    """Horovod's averaged gradients make the weights alike on every rank, as DDP's do: both
+    ranks find them NaN at the same step and exit 1; rank 0 says it once."""
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "tiny").symlink_to(shared_home / "data" / "tiny")
+    proc = horovodrun(["trainup_cpu.py", "--strategy", "horovod", "--dataset", "tiny",
+                       "--no-progress", "--lr", "1e30", "--batch-size", "64"], home)
+    said = [line for line in proc.stderr.splitlines() if "diverged:" in line]
+    assert proc.returncode == 1 and len(said) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (run_dir,) = (home / "runs").iterdir()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["diverged"]["step"] == result["global_step"] and result["replicas_identical"]
+    states = [json.loads(p.read_text())["state"] for p in (run_dir / "processes").iterdir()]
+    assert states == ["failed", "failed"], states
