@@ -16,6 +16,7 @@ which on a GPU costs one synchronisation) only once per ``interval_s``.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -112,7 +113,7 @@ class Heartbeat(LeanCallback):
             "node_rank": trainer.node_rank, "world_size": trainer.world_size,
             "pid": os.getpid(), "host": socket.gethostname(), "state": state,
             "step": trainer.global_step, "epoch": trainer.current_epoch,
-            "time": time.time(), "interval_s": self.interval_s, "loss": self._loss,
+            "time": time.time(), "interval_s": self.interval_s, **_loss_fields(self._loss),
             "error": error, **self._rates(),
         })
 
@@ -135,6 +136,15 @@ def _batch_size(batch) -> int:
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     shape = getattr(first, "shape", None)
     return int(shape[0]) if shape else 1
+
+
+def _loss_fields(loss: Optional[float]) -> dict:
+    """JSON has no NaN (kosmoss writes null): a loss that is no number says which it was,
+    so that `kosmoss watch` shows a diverging rank as nan, not as a blank
+    (:func:`~.runs.loss_of_beat` reads it)."""
+    if loss is None or math.isfinite(loss):
+        return {"loss": loss}
+    return {"loss": None, "loss_is": str(loss)}  # "nan", "inf" or "-inf": float() reads them
 
 
 def _loss_of(outputs) -> Optional[float]:

@@ -110,6 +110,13 @@ def read_heartbeats(run_dir: Path) -> Dict[int, dict]:
     return beats
 
 
+def loss_of_beat(beat: dict) -> Optional[float]:
+    """The loss a heartbeat holds, NaN and inf included (written null, with ``loss_is``)."""
+    said = beat.get("loss_is")
+    return float(said) if beat.get("loss") is None and said in ("nan", "inf", "-inf") \
+        else beat.get("loss")
+
+
 def _run_dir(name: str) -> Path:
     given, root = Path(name).expanduser(), paths.runs_root()
     if given.is_dir() and ((given / records.RUN_FILE).exists() or

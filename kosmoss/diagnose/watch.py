@@ -32,7 +32,7 @@ import psutil
 
 from ..launch.records import RUNNING
 from .runs import (SLEEPING, STOPPED, STOPPED_WHY, LiveRun, RunProcess, live_run_at,
-                   read_heartbeats)
+                   loss_of_beat, read_heartbeats)
 
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_STALE_S = 15.0
@@ -132,8 +132,9 @@ def _views(run: LiveRun, beats: Dict[int, dict], sampler: Sampler, gpu: Dict[int
             else "gone"
         view = RankView(rank, beat.get("pid"), f"rank {rank}", state,
                         heartbeat_age_s=max(0.0, now - float(beat.get("time") or now)),
+                        loss=loss_of_beat(beat),
                         **{k: beat.get(k) for k in ("step", "epoch", "samples_per_s",
-                                                    "steps_per_s", "busy_ms", "wait_ms", "loss")})
+                                                    "steps_per_s", "busy_ms", "wait_ms")})
         views.append(_measure(view, member, run, sampler, gpu))
     seen = {v.pid for v in views}
     for member in run.ranks:  # ranks without a heartbeat (yet)

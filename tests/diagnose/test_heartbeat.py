@@ -67,3 +67,20 @@ def test_heartbeat_file_and_how_often_it_is_written(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.tmp-*"))  # written atomically
     assert json.loads(heartbeat.heartbeat_path(tmp_path, 0).read_text()) == beat
 
+
+
+@pytest.mark.parametrize("loss, shown", [(math.nan, "nan"), (math.inf, "inf"),
+                                         (-math.inf, "-inf"), (0.25, "0.2500"), (None, "")])
+def test_a_loss_that_is_no_number_is_valid_json_and_watch_shows_what_it_was(tmp_path, loss,
+                                                                           shown):
+    """JSON has no NaN: the heartbeat writes null and says which it was, so that a rank
+    whose loss diverged shows as nan in `kosmoss watch`, not as a blank."""
+    from kosmoss.diagnose.runs import loss_of_beat
+    from kosmoss.diagnose.watch import _num
+
+    path = heartbeat.heartbeat_path(tmp_path, 0)
+    heartbeat.atomic_write_json(path, {"rank": 0, **heartbeat._loss_fields(loss)})
+    beat = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    read = loss_of_beat(beat)
+    assert (read is None) if loss is None else (str(read) == str(loss))
+    assert _num(read, 4) == shown
