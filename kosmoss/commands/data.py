@@ -197,6 +197,8 @@ def _describe(dataset) -> dict:
             "n_x": dataset.n_x, "n_y": dataset.n_y, "levels": meta["schema"]["levels"],
             "shards": len(dataset.shards), "dtype": meta["dtype"], "bytes": size,
             "constant_x": int(dataset.statistics().x_constant().sum()),
+            # Features holding a NaN or inf value: a run on the dataset is refused.
+            "not_numbers_xy": list(dataset.statistics().not_numbers()),
             "source": meta["source"], "shard_size": meta.get("shard_size"),
             "created": meta["created"]}
 

@@ -244,6 +244,7 @@ def test_info_counts_constant_features(data_cli):
     code, out, _ = data_cli("info", "mini", "--json")
     (item,) = json.loads("\n".join(out))
     assert 0 < item["constant_x"] < item["n_x"] and item["shard_size"] == 32
+    assert item["not_numbers_xy"] == [0, 0]  # no feature holds a NaN or inf
 
 
 # ------------------------------------------------ kill -9 during preparation

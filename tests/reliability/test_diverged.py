@@ -281,7 +281,8 @@ def test_a_dataset_holding_nan_is_refused_before_the_run_starts(tmp_path):
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 
-def test_preparing_a_dataset_holding_nan_warns_in_one_line(tmp_path, recwarn):
+def test_preparing_a_dataset_holding_nan_warns_in_one_line(tmp_path, recwarn, capsys):
+    from kosmoss.commands import data
     from kosmoss.data.store import prepare
 
     said = []
@@ -290,3 +291,6 @@ def test_preparing_a_dataset_holding_nan_warns_in_one_line(tmp_path, recwarn):
                     "NaN or inf values; a run on it is refused until it is prepared from a "
                     "clean source"]
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # numpy's
+    assert data.main(["info", str(tmp_path / "broken"), "--json"]) == 0
+    (item,) = json.loads(capsys.readouterr().out)
+    assert item["not_numbers_xy"] == [1, 1]
