@@ -294,3 +294,21 @@ def test_preparing_a_dataset_holding_nan_warns_in_one_line(tmp_path, recwarn, ca
     assert data.main(["info", str(tmp_path / "broken"), "--json"]) == 0
     (item,) = json.loads(capsys.readouterr().out)
     assert item["not_numbers_xy"] == [1, 1]
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_nan_weights_at_the_last_step_are_found_there_and_not_saved(k, shared_home, tmp_path,
+                                                                    monkeypatch):
+    """--max-steps 40 ends between two checks: the last step is checked too, and the end of
+    training saves no last.ckpt of it, runs no final validation or test."""
+    tiny = shared_home / "data" / "tiny"
+    epoch = batches_per_epoch(tiny, 64)
+    with pytest.raises(Diverged, match="the weights are NaN or inf at step 40 "):
+        run_in_process(tmp_path, monkeypatch, stop=CorruptBatchAt(CORRUPT_AT),
+                       dataset=str(tiny), batch_size=64, hidden=(16,), max_epochs=5,
+                       max_steps=40, steps_per_execution=k)
+    run_dir = _the_run(tmp_path)
+    result = strict_json(run_dir / "result.json")
+    assert [p["step"] for p in result["val_curve"]] == [epoch] and result["test_loss"] is None
+    assert _checkpoint_steps(run_dir) == {f"epoch=0-step={epoch}.ckpt": (epoch, True),
+                                          "last.ckpt": (epoch, True)}
