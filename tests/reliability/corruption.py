@@ -17,7 +17,8 @@ STEP_ENV, RANK_ENV, WHERE_ENV = "CORRUPT_STEP", "CORRUPT_RANK", "CORRUPT_WHERE"
 class CorruptBatchAt(pl.Callback):
     """Sets the first input of the batch that the step ``step`` trains on (counted as
     global_step before it) to +inf on ``rank``; ``where="val"``: of every batch of the
-    first validation at or after that step."""
+    validations during the fit at or after that step; ``"final"``: of the validation
+    after the fit (trainer.validate)."""
 
     def __init__(self, step: int, rank: int = 0, where: str = "train") -> None:
         self.step, self.rank, self.where = step, rank, where
@@ -38,9 +39,9 @@ class CorruptBatchAt(pl.Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx,
                                   dataloader_idx=0) -> None:
-        if (self.where == "val" and not trainer.sanity_checking
-                and trainer.state.fn == "fit" and trainer.global_step >= self.step
-                and trainer.global_rank == self.rank):
+        when = {"val": "fit", "final": "validate"}.get(self.where)
+        if (when == trainer.state.fn and not trainer.sanity_checking
+                and trainer.global_step >= self.step and trainer.global_rank == self.rank):
             _corrupt(batch)
 
 

@@ -312,3 +312,17 @@ def test_nan_weights_at_the_last_step_are_found_there_and_not_saved(k, shared_ho
     assert [p["step"] for p in result["val_curve"]] == [epoch] and result["test_loss"] is None
     assert _checkpoint_steps(run_dir) == {f"epoch=0-step={epoch}.ckpt": (epoch, True),
                                           "last.ckpt": (epoch, True)}
+
+
+def test_a_final_validation_that_is_no_number_fails_the_run_with_its_weights_kept(
+        shared_home, tmp_path, monkeypatch):
+    """The fit ended with numbers (last.ckpt holds them); the validation after it is NaN:
+    the run fails all the same, naming it."""
+    tiny = shared_home / "data" / "tiny"
+    with pytest.raises(Diverged, match="the final val_loss is nan at step 40;"):
+        run_in_process(tmp_path, monkeypatch, stop=CorruptBatchAt(0, where="final"),
+                       dataset=str(tiny), batch_size=64, hidden=(16,), max_epochs=5,
+                       max_steps=40)
+    run_dir = _the_run(tmp_path)
+    assert strict_json(run_dir / "result.json")["val_loss"] is None
+    assert _checkpoint_steps(run_dir)["last.ckpt"] == (40, True)
