@@ -122,6 +122,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
                          scaling.per_device_batch_size, data_mode)
     if point is not None:
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
+        point.check_data(dataset.statistics())
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
     # Data on the device is gathered there, in this process: no worker would read it.

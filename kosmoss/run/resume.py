@@ -16,9 +16,9 @@ Everything here is read, nothing written.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from ..core.errors import ConfigError
 from ..launch import records
@@ -29,6 +29,7 @@ from .preemption import CHECKPOINT as PREEMPTED
 # Settings that make the training what it is: a resume never changes them.
 FIXED = ("batch_size", "lr", "scale_lr", "base_batch_size", "warmup_steps", "dataset", "seed",
          "hidden", "precision")
+NORMALISATION = ("x_mean", "x_std", "y_mean", "y_std")  # LitMLP's buffers, from the data
 # Settings a resume takes from the stopped run unless a flag says otherwise (then printed).
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
 # between DDP and Horovod, or to more ranks, and trains on the same way.
@@ -48,6 +49,9 @@ class ResumePoint:
     config: RunConfig  # the stopped run's settings, with the overrides
     notes: Tuple[str, ...]  # the overrides, said before training
     stored: dict  # the run's record as found
+    # The normalisation the checkpoint's weights were trained with (LitMLP's buffers), as
+    # float32 arrays by name: the data it was trained on, summed up.
+    normalisation: Dict[str, object] = field(default_factory=dict)
 
     def check_model(self, n_x: int, hidden: Tuple[int, ...], n_y: int) -> None:
         """The dataset (and layers) must be those the checkpoint was trained on."""
@@ -56,6 +60,25 @@ class ResumePoint:
                               f"{n_y} out, but the checkpoint of run {self.run_id} has "
                               f"{self.model[0]} in, {self.model[2]} out; resume with the "
                               "dataset it was trained on")
+
+    def check_data(self, statistics) -> None:
+        """The dataset must hold the data the checkpoint was trained on: the same statistics
+        as its normalisation buffers. A folder prepared again with other data (another seed
+        or source, --force) trained on silently, the old normalisation on the new data."""
+        import numpy as np
+
+        ours = {"x_mean": statistics.x_mean, "x_std": statistics.x_scale(),
+                "y_mean": statistics.y_mean, "y_std": statistics.y_scale()}
+        for name, saved in self.normalisation.items():
+            mine = np.asarray(ours[name], dtype=np.float32)
+            # Not bit for bit: the same data sharded otherwise sums in another order. A mean
+            # is compared on its feature's scale (a mean near 0 has no relative precision).
+            scale = ours[name.replace("mean", "std")] if "mean" in name else np.abs(mine)
+            if saved.shape != mine.shape or np.any(np.abs(saved - mine) > 1e-5 * scale):
+                raise ConfigError("dataset", f"{{field}} {self.config.dataset}: it holds other "
+                                  f"data than run {self.run_id} was trained on (its {name} "
+                                  "differs from the checkpoint's); resume with that data, or "
+                                  "start a new run")
 
     def check_can_continue(self, world_size: int) -> None:
         """In the process that starts the attempt (the ranks it starts see the run running):
@@ -81,8 +104,11 @@ def find(config: RunConfig) -> ResumePoint:
     hparams = content.get("hyper_parameters") or {}
     model = (hparams.get("in_channels"), tuple(hparams.get("hidden_channels") or ()),
              hparams.get("out_channels"))
+    weights = content.get("state_dict") or {}
+    normalisation = {name: weights[name].float().numpy() for name in NORMALISATION
+                     if name in weights}
     return ResumePoint(run_dir.name, run_dir, checkpoint, int(content["global_step"]), model,
-                       merged, notes, stored)
+                       merged, notes, stored, normalisation)
 
 
 def _stored_run(run_dir: Path) -> dict:

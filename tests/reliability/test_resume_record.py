@@ -178,3 +178,29 @@ def test_a_failed_checkpoint_write_advises_a_resume_that_works(shared_home, tmp_
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch=0-step=26.ckpt"]
     resumed = run_in_process(home, monkeypatch, resume=run_dir.name)
     assert (resumed["resumed_from_step"], resumed["global_step"]) == (26, 40)
+
+
+def test_a_resume_on_a_dataset_prepared_again_with_other_data_is_refused(tmp_path,
+                                                                        monkeypatch):
+    """The folder's name is the run's, its data is not (prepared again with another seed,
+    --force): the resumed run trained on the new data with the old normalisation, without
+    a word. Its checkpoint's normalisation tells; the same data prepared again resumes."""
+    from stops import run_in_process
+
+    from kosmoss.data.sources import SyntheticSource
+    from kosmoss.data.store import prepare as prepare_data
+
+    folder = tmp_path / "data"
+    prepare_data(SyntheticSource(600, seed=1), folder, shard_size=256)
+    flags = dict(dataset=str(folder), batch_size=64, hidden=(8,), max_epochs=3)
+    result = run_in_process(tmp_path / "home", monkeypatch, max_steps=3, **flags)
+    prepare_data(SyntheticSource(600, seed=2), folder, shard_size=256, force=True)
+    before = _snapshot(Path(result["run_dir"]))
+    _refused(tmp_path / "home", monkeypatch,
+             f"--dataset {folder}: it holds other data than run {result['run_id']} was "
+             "trained on (its x_mean differs from the checkpoint's); resume with that data, "
+             "or start a new run", resume=result["run_id"], max_steps=6)
+    assert _snapshot(Path(result["run_dir"])) == before  # refused before anything is written
+    prepare_data(SyntheticSource(600, seed=1), folder, shard_size=256, force=True)
+    again = run_in_process(tmp_path / "home", monkeypatch, resume=result["run_id"], max_steps=6)
+    assert again["global_step"] == 6 and again["resumed_from_step"] == 3
