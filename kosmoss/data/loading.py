@@ -198,6 +198,15 @@ def split_indices(n: int, fractions: Sequence[float], seed: int) -> List[np.ndar
     return [np.sort(np.asarray(part.indices, dtype=np.int64)) for part in parts]
 
 
+def batches_per_epoch(samples: int, batch_size: int, world_size: int = 1) -> int:
+    """A :class:`RankBatchSampler`'s batches per epoch (optimizer steps): the global batches
+    of ``world_size x batch_size``, and the last partial one unless it has fewer rows than
+    ranks (they join the batch before)."""
+    global_batch = batch_size * world_size
+    full = samples // global_batch
+    return full + (1 if (samples - full * global_batch >= world_size or full == 0) else 0)
+
+
 class RankBatchSampler(Sampler[np.ndarray]):
     """Batches of indices for one rank: every index exactly once per epoch across ranks,
     and every rank the same number of batches (DDP needs both).
@@ -261,7 +270,5 @@ class RankBatchSampler(Sampler[np.ndarray]):
         return (np.sort(batch) for batch in self.batches()[skip:])
 
     def __len__(self) -> int:
-        n, g = len(self.indices), self.batch_size * self.world_size
-        full = n // g
-        return full + (1 if (n - full * g >= self.world_size or full == 0) else 0)
+        return batches_per_epoch(len(self.indices), self.batch_size, self.world_size)
 

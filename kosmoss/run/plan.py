@@ -20,7 +20,8 @@ from .. import launch
 from ..core import paths
 from ..core.errors import ConfigError
 from ..data import presets
-from ..data.loading import SPLITS, chosen_mode, dataset_bytes, split_indices
+from ..data.loading import (SPLITS, batches_per_epoch, chosen_mode, dataset_bytes,
+                            split_indices)
 from ..data.store import PreparedDataset
 from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
@@ -31,6 +32,7 @@ from ..launch.records import RUN_ID_ENV
 from ..launch.topology import Launcher, Topology
 from ..scaling.arithmetic import ScalingPlan
 from ..scaling.arithmetic import plan as plan_scaling
+from ..scaling.arithmetic import warmup_factor
 from . import memory, resume
 from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
@@ -144,11 +146,25 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         num_workers=num_workers,
         data_mode=data_mode, memory_need=need,
         collective_timeout=timedelta(seconds=timeout),
-        warnings=tuple(policy.warnings) + warnings,
+        warnings=tuple(policy.warnings) + warnings + _short_warmup(config, scaling, sizes),
         notes=(point.notes if point is not None else ()) +
         _elastic_notes(topology, run_dir, step, scaling),
         steps_per_execution=steps,
     )
+
+
+def _short_warmup(config: RunConfig, scaling: ScalingPlan, sizes: Dict[str, int]
+                  ) -> Tuple[str, ...]:
+    """A warm-up longer than the run: the rate printed is never reached."""
+    epoch = batches_per_epoch(sizes["train"], scaling.per_device_batch_size, scaling.world_size)
+    steps = epoch * config.max_epochs
+    steps = steps if config.max_steps == -1 else min(steps, config.max_steps)
+    if steps >= scaling.warmup_steps:
+        return ()
+    last = scaling.lr * warmup_factor(steps - 1, scaling.warmup_steps,
+                                      scaling.base_lr / scaling.lr)
+    return (f"--warmup-steps {scaling.warmup_steps} is longer than the run ({steps} steps): "
+            f"its last step trains at {last:.3g}, never at {scaling.lr:g}",)
 
 
 def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: str,

@@ -50,3 +50,23 @@ def test_project_does_not_say_samples_still_rise_when_no_world_beats_one_device(
     assert "still rise" not in losing and "no world of this grid beats one device (best " \
         "speedup 0.70)" in losing
     assert "samples/s still rise" in summary_lines(_result([1.4, 2.1]))[0]
+
+
+@pytest.mark.parametrize("max_steps, max_epochs, said", [
+    (5, 3, "--warmup-steps 20 is longer than the run (5 steps): its last step trains at "
+           "0.0016, never at 0.004"),
+    (-1, 1, "--warmup-steps 20 is longer than the run (7 steps): its last step trains at "
+            "0.0019, never at 0.004"),  # tiny: 1,639 training columns, batches of 256
+    (40, 3, None)])
+def test_a_warm_up_longer_than_the_run_says_the_rate_is_never_reached(
+        shared_home, monkeypatch, max_steps, max_epochs, said):
+    """The scaling lines print a rate the run never trained at; one warning line says so."""
+    from kosmoss.run import RunConfig
+    from kosmoss.run.plan import prepare
+
+    monkeypatch.setenv("KOSMOSS_HOME", str(shared_home))
+    flags = dict(dataset="tiny", batch_size=256, lr=0.001, scale_lr="linear",
+                 base_batch_size=64, warmup_steps=20, max_steps=max_steps,
+                 max_epochs=max_epochs, hidden=(8,))
+    warnings = prepare(RunConfig(**flags, given=frozenset(flags))).warnings
+    assert [w for w in warnings if "warmup" in w] == ([said] if said else [])
