@@ -94,8 +94,9 @@ def port_holder(port):
 
 HOLDER = ("import socket, sys\n"
           "kind = socket.SOCK_DGRAM if sys.argv[1] == 'udp' else socket.SOCK_STREAM\n"
-          "s = socket.socket(socket.AF_INET, kind)\n"
-          "s.bind(('127.0.0.1', int(sys.argv[2])))\n"
+          "six = sys.argv[1] == 'tcp6'\n"  # IPv6's loopback, as TCPStore listens on '::'
+          "s = socket.socket(socket.AF_INET6 if six else socket.AF_INET, kind)\n"
+          "s.bind(('::1' if six else '127.0.0.1', int(sys.argv[2])))\n"
           "if kind == socket.SOCK_STREAM:\n"
           "    s.listen()\n"
           "if sys.argv[1] == 'client':\n"  # a connection to that listener: its own port
@@ -108,8 +109,9 @@ HOLDER = ("import socket, sys\n"
 
 @contextlib.contextmanager
 def holder(kind: str, port: int = 0) -> Iterator[Tuple[int, int]]:
-    """(pid, port) of a child that holds a port (``tcp``: listens; ``client``: the local
-    end of a connection to a listener of its own, on another port) until the block ends."""
+    """(pid, port) of a child that holds a port (``tcp``: listens; ``tcp6``: listens on
+    IPv6's loopback; ``client``: the local end of a connection to a listener of its own, on
+    another port) until the block ends."""
     child = subprocess.Popen([sys.executable, "-c", HOLDER, kind, str(port)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -125,11 +127,15 @@ def holder(kind: str, port: int = 0) -> Iterator[Tuple[int, int]]:
 
 def holder_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "port_holder")
-    with holder("tcp") as (pid, port):
-        got = mine(port)
-        if got != pid or isinstance(got, bool):
-            return failed(f"pid {pid} listens on TCP port {port}; your port_holder({port}) "
-                          f"returned {got!r}" + _holder_hint(got, pid, port))
+    listeners = ("tcp", "tcp6") if _ipv6_loopback() else ("tcp",)
+    for listener in listeners:  # tcp6: as torchrun's TCPStore listens on '::' where it can
+        with holder(listener) as (pid, port):
+            got = mine(port)
+            if got != pid or isinstance(got, bool):
+                over = " over IPv6 (::1)" if listener == "tcp6" else ""
+                return failed(f"pid {pid} listens on TCP port {port}{over}; your "
+                              f"port_holder({port}) returned {got!r}"
+                              + _holder_hint(got, pid, port, ipv6=bool(over)))
     for kind in ("udp", "client"):  # sockets on a port that are no TCP listener
         with holder(kind, port if kind == "udp" else 0) as (other_pid, other_port):
             got = mine(other_port)
@@ -143,6 +149,20 @@ def holder_judge(namespace: dict) -> tuple:
                   "socket on the same number and a connection's local port included")
 
 
+def _ipv6_loopback() -> bool:
+    """Whether this machine can listen on IPv6's loopback (some containers cannot)."""
+    import socket
+
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 def _not_a_listener(kind: str, pid: int, other_pid: int, port: int, got) -> str:
     if kind == "udp":
         return (f"pid {pid} has ended; pid {other_pid} holds port {port} for UDP, which is no "
@@ -153,7 +173,7 @@ def _not_a_listener(kind: str, pid: int, other_pid: int, port: int, got) -> str:
             "no listener — only a socket in the LISTEN state holds MASTER_PORT")
 
 
-def _holder_hint(got, pid: int, port: int) -> str:
+def _holder_hint(got, pid: int, port: int, ipv6: bool = False) -> str:
     import os
 
     if isinstance(got, bool):
@@ -163,6 +183,9 @@ def _holder_hint(got, pid: int, port: int) -> str:
                 "the port")
     if got == port:
         return ": that is the port — return the listening process's pid"
+    if got is None and ipv6:
+        return (": an IPv6 listener is a TCP listener too — torchrun's store listens on '::' "
+                "where it can; ask psutil for kind='tcp' (IPv4 and IPv6), not 'tcp4'")
     if got is None:
         return (": nobody found — compare the port with each socket's local address (laddr), "
                 "the listening end; raddr is the other end of a connection")

@@ -119,7 +119,8 @@ def sum_stats(stats):
 """, "the same on every rank"),
 }
 
-STATS = ({"loss_sum": 12.5, "samples": 40.0, "correct": 31.0, "batches": 5.0},
+# Counts past 2048 on rank 0: a 16-bit float rounds them (4097 is 4096 in float16).
+STATS = ({"loss_sum": 12.5, "samples": 4097.0, "correct": 3041.0, "batches": 5.0},
          {"loss_sum": 30.5, "samples": 24.0, "correct": 17.0, "batches": 3.0},
          {"loss_sum": 3.125, "samples": 16.0, "correct": 9.0, "batches": 2.0},
          {"loss_sum": 0.375, "samples": 8.0, "correct": 6.0, "batches": 1.0})
@@ -182,6 +183,9 @@ def _sum_hint(rank: int, name: str, value: float, ranks: List[dict]) -> str:
         return ": the mean over the ranks — the statistics are summed, not averaged"
     if value == sum(int(STATS[r][name]) for r in range(n)):
         return ": the fractions were cut off — keep the values as floats"
+    if abs(value - total) <= abs(total) * 2 ** -6:
+        return (": off by a rounding — a 16-bit float (float16, bfloat16) holds integers "
+                "exactly only up to 2048 or 256; sum in float32 or float64")
     return ""
 
 

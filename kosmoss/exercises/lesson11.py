@@ -337,12 +337,18 @@ def _zero_model():
 
 
 def _set_gradients(model, step: int) -> None:
-    """The averaged gradient DDP would leave: the same on every rank, new each step."""
+    """The averaged gradient DDP would leave: the same on every rank, new each step, written
+    into the .grad tensors of the step before (DDP's gradient_as_bucket_view, zero_grad with
+    set_to_none=False): a momentum buffer that is .grad itself is overwritten."""
     import torch
 
     generator = torch.Generator().manual_seed(step)
     for param in model.parameters():
-        param.grad = torch.randn(param.shape, generator=generator).to(param.dtype)
+        grad = torch.randn(param.shape, generator=generator).to(param.dtype)
+        if param.grad is None:
+            param.grad = grad
+        else:  # into the same tensor, as a backward after zero_grad(set_to_none=False) does
+            param.grad.copy_(grad)
 
 
 def _tensor_elements(value) -> int:
@@ -399,8 +405,23 @@ def zero_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
         weights.append(_flat(model))
     kept = {i: _tensor_elements(value) for i, value in state.items()} if isinstance(
         state, dict) else {}
+    grads = {p.grad.data_ptr() for p in params if p.grad is not None}
     return {"weights": weights, "kept": _tensor_elements(state), "kept_by_key": kept,
-            "sizes": [p.numel() for p in params], "order": order}
+            "sizes": [p.numel() for p in params], "order": order,
+            "aliased": _holds_tensor(state, grads)}
+
+
+def _holds_tensor(value, pointers: set) -> bool:
+    """Whether state holds a tensor whose storage is one of the gradients'."""
+    import torch
+
+    if torch.is_tensor(value):
+        return value.numel() > 0 and value.data_ptr() in pointers
+    if isinstance(value, dict):
+        return any(_holds_tensor(v, pointers) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v, pointers) for v in value)
+    return False
 
 
 def zero_judge(ranks: List[dict]) -> tuple:
@@ -433,6 +454,10 @@ def zero_judge(ranks: List[dict]) -> tuple:
 
 
 def _zero_why(result: dict, step: int, n: int) -> str:
+    if result.get("aliased"):
+        return (": your momentum buffer is the .grad tensor itself (state[i] = p.grad) — the "
+                "next backward writes into .grad and overwrites the momentum; keep a copy "
+                "(p.grad.clone())")
     plain = sgd_trajectory("float64", momentum=0.0)
     if float((result["weights"][step] - plain[step]).abs().max()) < 1e-6:
         return (": they follow SGD without momentum — the momentum buffers must be kept "

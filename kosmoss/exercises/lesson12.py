@@ -216,6 +216,9 @@ PICK_CASES = (
     ({"eth0": ["11.0.0.2/24"], "ib0": ["11.200.0.2/24"]}, "11.200.0.9"),
     # more octets in common with ib0's address, but eth0's network is the narrower
     ({"eth0": ["10.1.0.5/16"], "ib0": ["10.1.7.2/8"]}, "10.1.7.9"),
+    # a /22 is no whole number of octets: 10.1.9.9 is outside 10.1.4.0/22, 10.1.6.1 inside
+    ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.9.9"),
+    ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.6.1"),
 )
 
 
@@ -235,9 +238,20 @@ def pick_judge(namespace: dict) -> tuple:
         if got != right:
             return failed(f"interfaces {interfaces}, MASTER_ADDR {master}: yours is {got!r}, "
                           f"the route goes over {right!r}"
-                          + mistake(PICK_WRONG, "pick_interface", PICK_CASES, answers))
+                          + (mistake(PICK_WRONG, "pick_interface", PICK_CASES, answers)
+                             or _octets_hint(interfaces)))
     return passed(f"the route's interface in {len(PICK_CASES)} cases, overlapping networks "
                   "and no route included")
+
+
+def _octets_hint(interfaces: Dict[str, List[str]]) -> str:
+    odd = [a for addresses in interfaces.values() for a in addresses
+           if int(a.partition("/")[2] or 32) % 8]
+    if not odd:
+        return ""
+    return (f": {odd[0]} is no whole number of octets — a network holds the addresses whose "
+            "first prefix bits match its own (ipaddress.ip_interface(a).network), not whole "
+            "octets")
 
 
 EXERCISES = [

@@ -476,6 +476,51 @@ def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     steps = 2 * (hosts - 1)
     return compute_s + 2 * latency_s + steps / hosts * gradient_bytes * 8 / rate_bits
 '''),
+    # Third round: each entry also names a fragment its verdict must hold.
+    ("12.pick_interface", "whole octets of the prefix compared", '''
+def pick_interface(interfaces, master_addr):
+    best, best_prefix = None, -1
+    target = master_addr.split(".")
+    for name, addresses in interfaces.items():
+        for address in addresses:
+            ip, prefix = address.split("/")
+            octets = int(prefix) // 8
+            if ip.split(".")[:octets] == target[:octets] and int(prefix) > best_prefix:
+                best, best_prefix = name, int(prefix)
+    return best
+''', "no whole number of octets"),
+    ("12.pick_interface", "whole octets, rounded up", '''
+import math
+
+
+def pick_interface(interfaces, master_addr):
+    best, best_prefix = None, -1
+    target = master_addr.split(".")
+    for name, addresses in interfaces.items():
+        for address in addresses:
+            ip, prefix = address.split("/")
+            octets = math.ceil(int(prefix) / 8)
+            if ip.split(".")[:octets] == target[:octets] and int(prefix) > best_prefix:
+                best, best_prefix = name, int(prefix)
+    return best
+''', "no whole number of octets"),
+    ("06.port_holder", "IPv4 listeners only", '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections(kind="tcp4"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
+            return c.pid
+    return None
+''', "not 'tcp4'"),
+    ("12.step_time", "latency once per host", '''
+def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
+    if hosts == 1:
+        return compute_s
+    steps = 2 * (hosts - 1)
+    return compute_s + hosts * latency_s + steps / hosts * gradient_bytes * 8 / rate_bits
+''', "the α–β model's"),
 ]
 
 FRESH_DISTRIBUTED = [
@@ -824,18 +869,65 @@ def zero1_step(params, state, lr):
                 p.sub_(lr * p.grad)
             dist.broadcast(p, src=i % world)
 '''),
+    # Third round: each entry also names a fragment its verdict must hold.
+    ("11.zero1_step", "the first buffer is the gradient itself, not a copy", '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if i % world == rank:
+                if i not in state:
+                    state[i] = p.grad
+                else:
+                    state[i].mul_(0.9).add_(p.grad)
+                p.sub_(lr * state[i])
+            dist.broadcast(p, src=i % world)
+''', "the .grad tensor itself"),
+    ("11.zero1_step", "dampening: the gradient weighed by 0.1", '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if i % world == rank:
+                buf = state.setdefault(i, torch.zeros_like(p))
+                buf.mul_(0.9).add_(p.grad, alpha=0.1)
+                p.sub_(lr * buf)
+            dist.broadcast(p, src=i % world)
+''', "differ from torch.optim.SGD(momentum=0.9)"),
+    ("10.sum_stats", "float16 to halve the bytes", '''
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([stats[n] for n in names], dtype=torch.float16)
+    dist.all_reduce(values)
+    return {n: float(v) for n, v in zip(names, values)}
+''', "a 16-bit float"),
 ]
 
 
 def _check(cases, **limits):
-    items = [(find(exercise_id), find(exercise_id).cell(body)) for exercise_id, _, body in cases]
+    items = [(find(exercise_id), find(exercise_id).cell(body))
+             for exercise_id, _, body, *_ in cases]
     return judge_sources(items, **limits)
 
 
 def _rejected(cases, verdicts):
-    for (exercise_id, name, _), verdict in zip(cases, verdicts):
+    for (exercise_id, name, _, *says), verdict in zip(cases, verdicts):
         assert verdict.status in (WRONG, ERROR), (exercise_id, name, verdict.line)
         assert len(verdict.message) > 30, (exercise_id, name, verdict.line)
+        assert all(fragment in verdict.line for fragment in says), (exercise_id, name,
+                                                                    verdict.line)
 
 
 def test_fresh_wrong_answers_are_rejected():
