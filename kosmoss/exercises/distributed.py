@@ -152,6 +152,9 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
     while True:
         counts = [_count(scratch, rank) for rank in range(len(ranks))]
         ended = _ended(ranks, counts, len(tasks))
+        if ended is not None:  # counted before the poll: it may have finished since, and left
+            counts = [_count(scratch, rank) for rank in range(len(ranks))]
+            ended = _ended(ranks, counts, len(tasks))
         if ended is not None:
             rank, code = ended
             said = tails[rank][1].last_line()

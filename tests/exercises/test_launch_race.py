@@ -1,0 +1,34 @@
+"""The distributed checker's watcher reads each rank's count of finished tasks, then asks
+whether the rank has ended. A rank that finished its last task and exited between the two
+was taken for one that died early: "the checker's process 1 exited with ..." against a
+right answer, its rank's last line gloo's at the teardown (seen once on 2 cores)."""
+from kosmoss.exercises import distributed
+from kosmoss.exercises.distributed import Task
+
+
+class _Tail:
+    by_task: dict = {}
+
+    def last_line(self) -> str:
+        return "Connection closed by peer: typically caused by a remote worker"
+
+
+class _FinishesBetweenCountAndPoll:
+    """A rank on its last task at the first count, gone (its count written) at the poll."""
+
+    def __init__(self, scratch, rank: int, total: int) -> None:
+        self.scratch, self.rank, self.total = scratch, rank, total
+
+    def poll(self):
+        distributed._write(self.scratch, self.rank, [None] * self.total)
+        return 1  # torch's gloo teardown, as its peers leave first
+
+
+def test_a_rank_that_finished_and_left_between_count_and_poll_is_no_failure(tmp_path):
+    tasks = [Task(0, "x.a", "", 2), Task(1, "x.b", "", 2)]
+    for rank in (0, 1):
+        distributed._write(tmp_path, rank, [None] * (len(tasks) - rank))  # rank 1: one behind
+    ranks = [_FinishesBetweenCountAndPoll(tmp_path, 0, len(tasks)),
+             _FinishesBetweenCountAndPoll(tmp_path, 1, len(tasks))]
+    tails = [(_Tail(), _Tail()) for _ in ranks]
+    assert distributed._watch(ranks, tails, tasks, tmp_path, exercise_s=5) is None
