@@ -1,7 +1,8 @@
 """The distributed checker's watcher reads each rank's count of finished tasks, then asks
 whether the rank has ended. A rank that finished its last task and exited between the two
-was taken for one that died early: "the checker's process 1 exited with ..." against a
-answer it should have judged, the rank's last line gloo's at the teardown (seen once, 2 cores)."""
+was taken for one that died early: "the checker's process 1 exited with ..." against an
+answer it should have judged, the rank's last line gloo's at the teardown (seen once, 2
+cores)."""
 from kosmoss.exercises import distributed
 from kosmoss.exercises.distributed import Task
 
