@@ -22,6 +22,7 @@ from ..core.errors import ConfigError
 from ..data import presets
 from ..data.loading import (SPLITS, batches_per_epoch, chosen_mode, dataset_bytes,
                             split_indices)
+from ..data.stats import Statistics
 from ..data.store import PreparedDataset
 from ..devices.cpus import default_num_workers
 from ..devices.policy import DevicePolicy, MachineGpu, Sharing, decide, sharing
@@ -117,14 +118,15 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset, config.seed)
     _check_fits(config.dataset, sizes, scaling)
-    _check_numbers(config.dataset, dataset)
+    statistics = dataset.statistics()  # read once: both checks below need it
+    _check_numbers(config.dataset, statistics)
     data_mode = chosen_mode(config.mode, dataset, copies=topology.ranks_on_host,
                             gpu_bytes=gpu_bytes_per_rank(policy, share))
     need = _check_memory(config.hidden, dataset, policy, share, topology.ranks_on_host,
                          scaling.per_device_batch_size, data_mode)
     if point is not None:
         point.check_model(dataset.n_x, config.hidden, dataset.n_y)
-        point.check_data(dataset.statistics())
+        point.check_data(statistics)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
     # Data on the device is gathered there, in this process: no worker would read it.
@@ -227,10 +229,10 @@ def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
     return {stage: len(part) for stage, part in zip(("train", "val", "test"), parts)}
 
 
-def _check_numbers(name: str, dataset: PreparedDataset) -> None:
+def _check_numbers(name: str, statistics: Statistics) -> None:
     """A feature that holds a NaN or inf: normalised by its statistics, every column's
     inputs or targets are NaN and the run would diverge at its first step, blaming its rate."""
-    inputs, outputs = dataset.statistics().not_numbers()
+    inputs, outputs = statistics.not_numbers()
     if inputs or outputs:
         raise ConfigError("dataset", f"{{field}} {name}: {inputs} input and {outputs} output "
                           "feature(s) hold NaN or inf values (their mean or std is no number): "

@@ -6,13 +6,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 
-import kosmoss.run.train as train_module  # noqa: E402
-import trainup_cpu  # noqa: E402
-from stops import from_environment  # noqa: E402
+from stops import from_environment, trainup_with  # noqa: E402
 
 if __name__ == "__main__":
-    stop, build = from_environment(), train_module.build_trainer
-    if stop is not None:
-        train_module.build_trainer = lambda plan, callbacks: build(plan, callbacks + [stop])
-    sys.argv[0] = "trainup_cpu.py"
-    sys.exit(trainup_cpu.main())
+    stop = from_environment()
+    sys.argv[0] = "trainup_cpu.py"  # the ranks Lightning starts run trainup_cpu.py, unsignalled
+    sys.exit(trainup_with(stop))

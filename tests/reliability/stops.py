@@ -62,6 +62,18 @@ def from_environment() -> Optional[SignalAt]:
                     os.environ.get(STOP_WHERE_ENV, "train"))
 
 
+def trainup_with(extra: Optional[pl.Callback]) -> int:
+    """trainup_cpu.py's main with ``extra`` among the run's callbacks: the body of the
+    scripts signal_at.py and corrupt_at.py."""
+    import kosmoss.run.train as train_module
+    import trainup_cpu
+
+    if extra is not None:
+        build = train_module.build_trainer
+        train_module.build_trainer = lambda plan, callbacks: build(plan, callbacks + [extra])
+    return trainup_cpu.main()
+
+
 def batches_per_epoch(dataset: Path, batch_size: int, seed: int = 42, world_size: int = 1) -> int:
     """The epoch's length as the run computes it: the seeded split, cut in global batches
     of ``batch_size`` (each rank's share of one)."""

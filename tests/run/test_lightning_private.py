@@ -123,6 +123,16 @@ def test_the_checkpoint_holds_the_loop_state_kosmoss_rewrites(fitted):
     assert private.saved_logged_steps(loops) == fitted["trainer"].global_step, _label(logged)
 
 
+class CountValidations(pl.Callback):
+    """The step of every validation the fit runs."""
+
+    def __init__(self) -> None:
+        self.steps = []
+
+    def on_validation_start(self, trainer, pl_module):
+        self.steps.append(trainer.global_step)
+
+
 def test_a_fit_ends_after_the_step_that_sets_max_steps_without_validating(random_dataset,
                                                                          tmp_path):
     """end_fit_here inside an epoch: no validation, no row off the loggers' cadence, and the
@@ -133,21 +143,16 @@ def test_a_fit_ends_after_the_step_that_sets_max_steps_without_validating(random
             if trainer.global_step == 5:
                 private.end_fit_here(trainer)
 
-    validations = []
-
-    class CountValidations(pl.Callback):
-        def on_validation_start(self, trainer, pl_module):
-            validations.append(trainer.global_step)
-
+    validations = CountValidations()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, num_sanity_val_steps=0,
-                         callbacks=[EndAt(), CountValidations()], log_every_n_steps=4,
+                         callbacks=[EndAt(), validations], log_every_n_steps=4,
                          logger=pl.loggers.CSVLogger(tmp_path, name="csv", version=""),
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, use_distributed_sampler=False)
     model = LitMLP(random_dataset.n_x, (4,), random_dataset.n_y)
     trainer.fit(model, datamodule=RunDataModule(random_dataset, batch_size=64, seed=1))
     entry = _entry("max_steps")
-    assert (trainer.global_step, validations) == (5, []), _label(entry)
+    assert (trainer.global_step, validations.steps) == (5, []), _label(entry)
     rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[1:]
     assert [int(row.split(",")[1]) for row in rows] == [3], _label(entry)  # (3 + 1) % 4 == 0
 
@@ -161,20 +166,15 @@ def test_a_skipped_validation_is_that_epochs_only(random_dataset, tmp_path):
             if trainer.current_epoch == 0 and private.on_last_batch(trainer):
                 private.skip_next_validation(trainer)
 
-    validations = []
-
-    class CountValidations(pl.Callback):
-        def on_validation_start(self, trainer, pl_module):
-            validations.append(trainer.global_step)
-
+    validations = CountValidations()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, num_sanity_val_steps=0,
-                         callbacks=[SkipFirst(), CountValidations()], logger=False,
+                         callbacks=[SkipFirst(), validations], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, use_distributed_sampler=False)
     model = LitMLP(random_dataset.n_x, (4,), random_dataset.n_y)
     trainer.fit(model, datamodule=RunDataModule(random_dataset, batch_size=64, seed=1))
     epoch = trainer.global_step // 2
-    assert validations == [2 * epoch], _label(_entry("_skip_next_val"))
+    assert validations.steps == [2 * epoch], _label(_entry("_skip_next_val"))
 
 
 def test_a_none_hook_is_skipped_by_lightnings_dispatcher(random_dataset):
