@@ -39,10 +39,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kosmoss.data import presets
+from kosmoss.devices.cpus import cores_per_process
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.data.loading import FlattenedDataset, RankBatchSampler
 from kosmoss.launch import free_port
-from kosmoss.lessons import quiet_lightning, scratch_folder
+from kosmoss.lessons import one_thread_per_forked_rank, quiet_lightning, scratch_folder
 from kosmoss.model import LitMLP
 from kosmoss.run.callbacks import parameter_checksum
 from kosmoss.scaling import plan
@@ -105,8 +106,8 @@ def loss_of(model, x, y):
 
 def ddp_gradient_by_hand(rank, world_size, port):
     """One rank: its shard of the batch, its gradient, then the all-reduce."""
-    # A forked child must not reuse the kernel's OpenMP thread pool (it would hang): one
-    # thread per rank, as Lightning's own launchers set.
+    # A forked child must not reuse the kernel's OpenMP thread pool (it would hang as
+    # soon as it computed on two threads or more): one thread per rank.
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world_size)
@@ -242,6 +243,14 @@ else:
 # through gloo. The forked ranks live and die inside `fit`, so a small callback leaves
 # a note from each: what it read, how many steps it took, and a checksum of its final
 # weights (kosmoss's `parameter_checksum`).
+#
+# A fork copies the kernel's memory but not its threads: the OpenMP thread pool the
+# kernel computed with is gone in the ranks, and a rank that asks for two threads or more
+# waits forever for threads that do not exist. Lightning's launcher gives each rank
+# cores ÷ ranks threads (rounded down) unless `OMP_NUM_THREADS` is set: wherever that
+# gives a rank several threads, both ranks would hang in their first step (the cell
+# prints what Lightning would give them here). `one_thread_per_forked_rank()` sets one thread for
+# the fork and gives the kernel its own back afterwards (the cell prints both).
 
 
 # %%
@@ -252,7 +261,7 @@ class ReportRank(pl.Callback):
         note = {"rank": trainer.global_rank, "world_size": trainer.world_size,
                 "batches_per_epoch": trainer.num_training_batches,
                 "batch_size": trainer.datamodule.batch_size, "steps": trainer.global_step,
-                "checksum": parameter_checksum(pl_module)}
+                "threads": torch.get_num_threads(), "checksum": parameter_checksum(pl_module)}
         (scratch / f"rank{trainer.global_rank}.json").write_text(json.dumps(note))
 
 
@@ -263,14 +272,21 @@ trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", max_
                      enable_progress_bar=False, enable_model_summary=False,
                      use_distributed_sampler=False)  # the DataModule shards by itself
 started = time.perf_counter()
-trainer.fit(model, datamodule=FlattenedDataModule(dataset, batch_size=64))
-print(f"fit took {time.perf_counter() - started:.1f} s")
+kernel_threads = torch.get_num_threads()
+with one_thread_per_forked_rank():  # one OpenMP thread in each forked rank (above)
+    trainer.fit(model, datamodule=FlattenedDataModule(dataset, batch_size=64))
+print(f"fit took {time.perf_counter() - started:.1f} s; the kernel is back on "
+      f"{torch.get_num_threads()} thread(s) (it had {kernel_threads})")
+unguarded = cores_per_process(2)  # what Lightning's launcher would give each rank here
+print(f"without the guard each rank would get {unguarded} thread(s) on this machine: "
+      + ("it would hang" if unguarded > 1 else "safe here, a hang on a machine with more cores"))
+assert torch.get_num_threads() == kernel_threads
 
 notes = [json.loads((scratch / f"rank{r}.json").read_text()) for r in range(2)]
 for note in notes:
     print(f"rank {note['rank']} of {note['world_size']}: {note['batches_per_epoch']} batches "
-          f"of {note['batch_size']} columns per epoch, {note['steps']} steps, "
-          f"final weights {note['checksum']}")
+          f"of {note['batch_size']} columns per epoch, {note['steps']} steps on "
+          f"{note['threads']} thread(s), final weights {note['checksum']}")
 print(f"identical replicas: {notes[0]['checksum'] == notes[1]['checksum']}")
 print(f"the notebook's model got rank 0's weights back: "
       f"{parameter_checksum(model) == notes[0]['checksum']}")
@@ -320,7 +336,7 @@ assert two["global_step"] == results[1]["global_step"], "the same steps on the s
 # both runs share the same cores; the cell below says what decided it on this machine.
 
 # %%
-from kosmoss.devices.cpus import available_cores, cores_per_process
+from kosmoss.devices.cpus import available_cores
 
 cores = available_cores()
 print(f"{cores} core(s); one process computes with {cores_per_process(1)} thread(s), each of "
@@ -371,8 +387,9 @@ gpu_trainer = pl.Trainer(accelerator=accelerator, devices=2,
                          max_steps=10, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          use_distributed_sampler=False)
-gpu_trainer.fit(LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats),
-                datamodule=FlattenedDataModule(dataset, batch_size=64))
+with one_thread_per_forked_rank():
+    gpu_trainer.fit(LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats),
+                    datamodule=FlattenedDataModule(dataset, batch_size=64))
 print(f"2 ranks on {accelerator} over {share.backend}: train loss "
       f"{float(gpu_trainer.callback_metrics['train_loss']):.3f} after the last step")
 

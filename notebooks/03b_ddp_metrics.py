@@ -41,7 +41,7 @@ from torchmetrics import MeanMetric
 
 from kosmoss.data import presets
 from kosmoss.data.loading import FlattenedDataset
-from kosmoss.lessons import quiet_lightning, scratch_folder
+from kosmoss.lessons import one_thread_per_forked_rank, quiet_lightning, scratch_folder
 from kosmoss.model import LitMLP
 
 quiet_lightning()
@@ -130,8 +130,9 @@ def validate_on_two_ranks(module, name, **loader):
                          callbacks=[LeaveNote(name)], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, **loader)
     own_loader = "use_distributed_sampler" in loader  # the module brings its own loader
-    trainer.validate(module, verbose=False,
-                     dataloaders=None if own_loader else DataLoader(validation, batch_size=BATCH))
+    with one_thread_per_forked_rank():  # forked ranks must not use threads (lesson 3)
+        trainer.validate(module, verbose=False, dataloaders=None if own_loader
+                         else DataLoader(validation, batch_size=BATCH))
     return [json.loads((scratch / f"{name}-rank{r}.json").read_text()) for r in range(RANKS)]
 
 
@@ -288,8 +289,9 @@ def kosmoss_val_loss(devices):
                          strategy="ddp_notebook" if devices > 1 else "auto", logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          use_distributed_sampler=False)  # kosmoss's loader shards by itself
-    trainer.validate(restored, datamodule=FlattenedDataModule(dataset, batch_size=BATCH),
-                     verbose=False)
+    with one_thread_per_forked_rank():
+        trainer.validate(restored, datamodule=FlattenedDataModule(dataset, batch_size=BATCH),
+                         verbose=False)
     return json.loads((scratch / "kosmoss-rank0.json").read_text())["val_loss"]
 
 

@@ -28,7 +28,8 @@
 #             nothing exchanged; + one flat all-reduce; + DDP (kosmoss.bench.ddp_anatomy)
 #
 # Options: --out DIR (default $OUT, else runs/gpu-check-<time>) --wheels DIR (gpu-wheels)
-# --only STEP,... --tests PATH,... (what pytest collects: tests) --budget SECONDS (560: a
+# --only STEP,... --tests PATH,... (what pytest collects: tests) --lessons NAME,... (what the
+# lessons step runs: every lesson) --budget SECONDS (560: a
 # remote runner that stops a command at 600 s; a step that no longer fits is reported not run)
 # --columns N (131072) --gpu-batch N (16384).
 # Writes into the output folder, 7 files: gpu-report.md (step, result, command, figure),
@@ -82,12 +83,12 @@ positive() {  # positive FLAG VALUE
 
 parse_args() {
     DRY_RUN=0 OUT_ARG="" WHEELS=$WHEEL_DIR_DEFAULT ONLY="" BUDGET=560 COLUMNS=131072
-    GPU_BATCH=16384 TESTS=tests PROFILE="" COLUMNS_GIVEN=""
+    GPU_BATCH=16384 TESTS=tests PROFILE="" COLUMNS_GIVEN="" LESSONS=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --dry-run) DRY_RUN=1; shift; continue ;;
             -h|--help) usage; exit 0 ;;
-            --out|--wheels|--only|--budget|--columns|--gpu-batch|--tests|--profile)
+            --out|--wheels|--only|--budget|--columns|--gpu-batch|--tests|--profile|--lessons)
                 [ $# -ge 2 ] || die "$1 needs a value (see --help)" ;;
             *) die "unknown argument $1 (see --help)" ;;
         esac
@@ -97,6 +98,7 @@ parse_args() {
             --only) ONLY=$2 ;;
             --profile) PROFILE=$2 ;;
             --tests) TESTS=$2 ;;
+            --lessons) LESSONS=$2 ;;
             --budget) positive "$1" "$2"; BUDGET=$2 ;;
             --columns) positive "$1" "$2"; COLUMNS=$2; COLUMNS_GIVEN=1 ;;
             --gpu-batch) positive "$1" "$2"; GPU_BATCH=$2 ;;
@@ -116,6 +118,10 @@ parse_args() {
     local step
     for step in ${ONLY//,/ }; do
         [[ " ${STEPS[*]} " == *" $step "* ]] || die "--only $step: no such step; choose from ${STEPS[*]}"
+    done
+    local lesson
+    for lesson in ${LESSONS//,/ }; do
+        [ -e "notebooks/$lesson.py" ] || die "--lessons $lesson: no such lesson; give names as in notebooks/ without .py, comma-separated"
     done
     local tests
     for tests in ${TESTS//,/ }; do
@@ -237,8 +243,8 @@ command_of() {  # command_of STEP: sets CMD (what runs) and SHOWN (what the plan
                      $LADDER_BATCHES --steps 300 --also tf32 --out "$SCRATCH/ladder.json") ;;
         top) CMD=("$PY" -m kosmoss bench --only "${TOP_ROWS[@]}" --dataset "$DATASET"
                   --gpu-batch-size "$GPU_BATCH" --steps 300 --repeats 1 --out "$SCRATCH/bench") ;;
-        lessons) CMD=("$PY" "$HELPER" lessons "$SCRATCH" "$OUT_DIR")
-                 SHOWN="KOSMOSS_LESSON_QUICK=1: every lesson (kosmoss.lessons.site.execute_lessons, nbclient) on the GPU, one at a time; each lesson's time, and its cells that said they ran on CPU" ;;
+        lessons) CMD=("$PY" "$HELPER" lessons "$SCRATCH" "$OUT_DIR" ${LESSONS//,/ })
+                 SHOWN="KOSMOSS_LESSON_QUICK=1: ${LESSONS:-every lesson} (kosmoss.lessons.site.execute_lessons, nbclient) on the GPU, one at a time; each lesson's time, and its cells that said they ran on CPU" ;;
         bench) CMD=("$PY" -m kosmoss bench --only "${BENCH_ROWS[@]}" --dataset "$DATASET"
                     --gpu-batch-size "$GPU_BATCH" --steps 300 --repeats "$(bench_repeats)"
                     --out "$SCRATCH/bench") ;;
@@ -688,10 +694,14 @@ def lessons_figure(scratch, out_dir):
     ran = load(scratch / "lessons.json") or []
     if not ran:
         return "no lesson ran", False
-    parts = [f"{r['lesson']} {r['seconds']:.0f} s" + (f" FAILED at cell {r['failed_cell']}"
+    parts = [f"{r['lesson']} unfinished after {time.time() - r['unfinished']:.0f} s"
+             if "unfinished" in r else
+             f"{r['lesson']} {r['seconds']:.0f} s" + (f" FAILED at cell {r['failed_cell']}"
+             + (f" ({r['error']})" if r.get("error") else "")
              if r.get("failed_cell") is not None else "")
              + (f", CPU in cell(s) {r['cpu_cells']}" if r.get("cpu_cells") else "") for r in ran]
-    return "; ".join(parts), all(r.get("failed_cell") is None for r in ran)
+    return "; ".join(parts), all(r.get("failed_cell") is None and "unfinished" not in r
+                                 for r in ran)
 
 
 def anatomy_figure(scratch, out_dir):
@@ -881,6 +891,9 @@ def lessons(scratch, out_dir, *names):
             continue
         started = time.monotonic()
         print(f"running {lesson.stem} ...", flush=True)
+        # Written before it runs: a call cut short names the lesson it was in.
+        (Path(scratch) / "lessons.json").write_text(json.dumps(
+            ran + [{"lesson": lesson.stem, "unfinished": time.time()}], indent=2))
         notebook = execute_notebook(work / f"{lesson.stem}.ipynb")
         ran.append({"lesson": lesson.stem, "seconds": round(time.monotonic() - started, 1),
                     **lesson_cells(notebook)})
@@ -892,17 +905,18 @@ def lessons(scratch, out_dir, *names):
 def lesson_cells(notebook):
     """The first cell that failed (its index among code cells), and the cells whose output
     says they computed on CPU."""
-    failed, cpu = None, []
+    failed, cpu, error = None, [], None
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     for index, cell in enumerate(code, 1):
         outputs = cell.get("outputs", [])
-        if failed is None and any(o.get("output_type") == "error" for o in outputs):
-            failed = index
+        errors = [o for o in outputs if o.get("output_type") == "error"]
+        if failed is None and errors:  # what it raised: the report says why, not only where
+            failed, error = index, f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:300]
         text = " ".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                         for o in outputs)
         if any(mark in text for mark in CPU_MARKS):
             cpu.append(index)
-    return {"failed_cell": failed, "cpu_cells": cpu}
+    return {"failed_cell": failed, "error": error, "cpu_cells": cpu}
 
 
 def cleanup(scratch):

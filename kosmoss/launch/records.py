@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -205,22 +206,52 @@ def finish(state: str, error: Optional[str] = None, stop_signal: Optional[str] =
     later is not taken for part of this run. ``stop_signal``: the signal that stopped it (its
     peers stop with the same)."""
     global _current
-    membership, _current = _current, None
-    if membership is None:
+    if _current is None:
         return
-    now = time.time()
-    _update_json(membership.record_path, state=state, ended_at=now, error=error,
-                 signal=stop_signal)
-    if membership.owns_run_file:
-        port = {"master_port": _master_port()} if _master_port() else {}  # known by now
-        _update_json(membership.run_dir / RUN_FILE, state=state, ended_at=now, updated_at=now,
-                     error=error, **port)
-    if membership.launcher == membership.me:
-        for name, value in membership.previous_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with _stop_signals_deferred(drop=state == STOPPED):
+        membership, _current = _current, None
+        now = time.time()
+        _update_json(membership.record_path, state=state, ended_at=now, error=error,
+                     signal=stop_signal)
+        if membership.owns_run_file:
+            port = {"master_port": _master_port()} if _master_port() else {}  # known by now
+            _update_json(membership.run_dir / RUN_FILE, state=state, ended_at=now,
+                         updated_at=now, error=error, **port)
+        if membership.launcher == membership.me:
+            for name, value in membership.previous_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def _stop_signals_deferred(drop: bool) -> Iterator[None]:
+    """A stop signal (Ctrl-C pressed again) arriving while the records are written must not
+    cut them in two: its handler would raise between the process's record and run.json,
+    leaving the run ``running``. Held until both are written; then dropped when the run is
+    already recorded stopped (the same stop, pressed twice), else delivered. A handler swap
+    rather than ``pthread_sigmask``: that blocks one thread, and the kernel hands a signal
+    to any other (torch's and gloo's), after which Python runs the handler here anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread runs Python's signal handlers, and may set them
+        return
+    held: List[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in DEFERRED_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not None:  # None: set outside Python, left as it is
+            signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if held and not drop:
+            signal.raise_signal(held[0])
 
 
 @contextlib.contextmanager

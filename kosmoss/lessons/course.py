@@ -17,6 +17,7 @@ shortens the longest experiments; the lessons still compute and assert their ver
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -42,7 +43,8 @@ SCRIPTS = ("trainup_cpu.py", "trainup_gpu.py", "slurm/submit.sbatch")
 GPU_RECORDS = ("docs/gpu/2026-11-26-h200/results.json",
                "docs/gpu/2026-11-26-h200-followup/results.json",
                "docs/gpu/2026-11-26-h100/results.json",
-               "docs/gpu/2026-11-26-h100-ladder/results.json")
+               "docs/gpu/2026-11-26-h100-ladder/results.json",
+               "docs/gpu/2026-11-27-h200-ladder/results.json")
 COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
               "docs/cli.md", "docs/hosts.md", "docs/hosts/lost-host.json", "docs/gpu.md",
               "scripts/install_horovod.sh") + GPU_RECORDS
@@ -184,6 +186,34 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
             if process.is_alive():
                 process.kill()
             process.join(timeout=5)  # reaped: no zombie left in the kernel's table
+
+
+@contextlib.contextmanager
+def one_thread_per_forked_rank() -> Iterator[None]:
+    """Around a ``fit`` with Lightning's notebook launcher (``strategy="ddp_notebook"``,
+    ranks forked from the kernel): each rank computes with one OpenMP thread.
+
+    GNU OpenMP's thread pool does not survive a fork: a rank forked from a kernel that
+    already computed on several threads hangs in its first parallel region if it asks for
+    more than one thread (facebookresearch/CrypTen#37 met it in notebooks too). Lightning's
+    launcher gives each rank cores ÷ ranks threads when ``OMP_NUM_THREADS`` is unset
+    (``lightning_fabric.utilities.distributed._set_num_threads_if_needed``): 1 on 2 cores,
+    so CI never hangs, but 2 or more, and a hang, on any machine with 4 cores or more. So
+    ``OMP_NUM_THREADS=1`` for the launcher and one thread in the kernel while it forks;
+    the kernel's own setting comes back afterwards."""
+    import torch
+
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)  # what the forked ranks inherit
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
 
 
 def _forked_rank(rank: int, kernel: int, function: Callable, world_size: int, port: int,

@@ -143,16 +143,19 @@ class ThroughputMeter(LeanCallback):
                 # After a pause (a validation) the chunk's first step is no warm-up: counted
                 # from the chunk's start (an epoch of one chunk would lose 1/K of it).
                 self.clock.start(batch.step_ends[0])
-            for samples, ended in zip(batch.sizes, batch.step_ends[1:]):
-                self._step_done(samples, pl_module.device, ended)
+            for j, (samples, ended) in enumerate(zip(batch.sizes, batch.step_ends[1:])):
+                # A capture before the replay is set-up, not the first step's time.
+                self._step_done(samples, pl_module.device, ended,
+                                batch.set_up_s if j == 0 else 0.0)
             if self._last_chunk_end is not None and batch.step_ends:
                 self._loop_gaps.append(batch.step_ends[0] - self._last_chunk_end)
             self._last_chunk_end = batch.step_ends[-1] if batch.step_ends else None
         else:
             self._step_done(len(batch[0]), pl_module.device, None)
 
-    def _step_done(self, samples: int, device, ended: Optional[float]) -> None:
-        if self.clock.step_done(samples, device, ended):
+    def _step_done(self, samples: int, device, ended: Optional[float],
+                   set_up_s: float = 0.0) -> None:
+        if self.clock.step_done(samples, device, ended, set_up_s):
             self.first_step_s = (ended or time.perf_counter()) - self._fit_start
 
     def on_validation_start(self, trainer, pl_module) -> None:

@@ -64,6 +64,7 @@ class Chunk:
         self.keep(len(batches), batches)
         # When each step ended: the moment the next batch (or the end) was asked for.
         self.step_ends: List[float] = []
+        self.set_up_s = 0.0  # inside the first step's interval, no step's time (a capture)
 
     def keep(self, steps: int, batches: Optional[List] = None) -> None:
         """Only the first ``steps`` batches (--max-steps): the others stay unread."""
@@ -78,14 +79,21 @@ class Chunk:
             yield self._read(batch)
         self.step_ends.append(time.perf_counter())
 
-    def taken_whole(self, started: float) -> None:
-        """Every batch trained at once (a graph replay, from ``started``): taken, and the
-        steps timed as equal shares of the replay."""
+    def taken_whole(self, started: float, set_up_s: float = 0.0,
+                    ends: Optional[List[float]] = None) -> None:
+        """Every batch trained at once (from ``started``): taken, and the steps timed at
+        ``ends`` where they ran one by one, else (a replay) as equal shares of it, after
+        the ``set_up_s`` seconds of a capture that preceded it."""
         ended = time.perf_counter()
         for _ in self.batches:
             self._taken()
-        share = (ended - started) / max(1, self.steps)
-        self.step_ends = [started + share * step for step in range(self.steps + 1)]
+        self.set_up_s = set_up_s
+        if ends and len(ends) == self.steps:
+            self.step_ends = [started, *ends]
+            return
+        share = (ended - started - set_up_s) / max(1, self.steps)
+        self.step_ends = [started] + [started + set_up_s + share * step
+                                      for step in range(1, self.steps + 1)]
 
 
 class ChunkedBatchLoader:
@@ -163,11 +171,14 @@ class StepsInChunks(LeanLitMLP):
             chunk.keep(max_steps - self.global_step)
         started = time.perf_counter()
         losses = self.graphs.run(chunk.batches) if self._may_replay() else None
+        if losses is None and self._may_replay() and self.graphs.stored is not None:
+            losses = self.graphs.eager(chunk.batches)  # the replays' inputs, in bf16
+            self.eager_chunks += 1
         if losses is None:
             loss = self._eager(chunk, schedule)
             self.eager_chunks += 1
         else:
-            chunk.taken_whole(started)
+            chunk.taken_whole(started, self.graphs.set_up_s, self.graphs.step_ends)
             loss = self._count_replayed(chunk, losses, schedule)
         # The loggers' step axis counts optimizer steps, as with one step a batch: Lightning
         # adds 1 to this count after each of its batches and logs validation at it.

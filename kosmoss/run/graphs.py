@@ -18,6 +18,7 @@ runs; the real capture is tested on a GPU (tests/gpu).
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -55,6 +56,11 @@ class CudaGraph:
     def replay(self) -> None:
         self.graph.replay()
 
+    def settle(self) -> float:
+        """When the queued steps are done: a capture's time starts here, with the GPU idle."""
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
 
 class EagerGraph:
     """A graph's stand-in where there is no CUDA (tests): each replay runs the steps."""
@@ -70,6 +76,9 @@ class EagerGraph:
 
     def replay(self) -> None:
         self.steps()
+
+    def settle(self) -> float:
+        return time.perf_counter()
 
 
 @contextlib.contextmanager
@@ -105,25 +114,53 @@ class GraphedSteps:
         self.losses: Optional[torch.Tensor] = None
         self.warm_chunks = self.replays = 0
         self.failed: Optional[str] = None
+        # The last run's timing, for the step clock (kosmoss.run.throughput): the seconds
+        # its capture took (set-up, no training step's time), and when each of its steps
+        # ended if it ran them one by one (a warm-up chunk: its first step holds
+        # torch.compile's compilation, which the clock must not spread over the others).
+        self.set_up_s, self.step_ends = 0.0, []  # type: float, List[float]
+        self.capture_s = 0.0
+
+    def _timed(self) -> None:
+        self.set_up_s, self.step_ends = 0.0, []
 
     def replayable(self, batches: List[np.ndarray]) -> bool:
         return (self.failed is None and len(batches) == self.k
                 and all(len(batch) == self.batch_size for batch in batches))
 
     def run(self, batches: List[np.ndarray]) -> Optional[torch.Tensor]:
+        self._timed()
         if not self.replayable(batches):
             return None
         self._copy_indices(batches)
         if self.warm_chunks < WARMUP_CHUNKS:
             with self.graph.warm_up():
-                losses = self._steps()
+                losses = self._steps(self.step_ends)
             self.warm_chunks += 1
             return losses
-        if self.losses is None and not self._capture():
-            return None
+        if self.losses is None:
+            began = self.graph.settle()
+            captured = self._capture()
+            self.set_up_s = time.perf_counter() - began
+            self.capture_s += self.set_up_s
+            if not captured:
+                return None
         self.graph.replay()
         self.replays += 1
         return self.losses.clone()  # the next replay writes over them
+
+    def eager(self, batches: List[np.ndarray]) -> torch.Tensor:
+        """A chunk no replay can take (shorter than K, a partial batch, a failed capture),
+        run eagerly by the replays' own step on their stored bf16 inputs: the compiled
+        network sees the inputs it was compiled for. The float32 path would compile it a
+        second time, inside the timed steps: on the H200 (2026-11-27) a 5-step eager chunk
+        at the end of a 301-step run took 3 s, and the row read 1.5 M samples/s, not 20."""
+        self._timed()
+        losses = []
+        for batch in batches:
+            losses.append(self._step(torch.as_tensor(batch, device=self.x.device)))
+            self.step_ends.append(time.perf_counter())
+        return torch.stack(losses)
 
     def _copy_indices(self, batches: List[np.ndarray]) -> None:
         if self.copied is not None:
@@ -146,8 +183,13 @@ class GraphedSteps:
     def _capture_into_losses(self) -> None:
         self.losses = self._steps()
 
-    def _steps(self) -> torch.Tensor:
-        return torch.stack([self._step(self.static_idx[j]) for j in range(self.k)])
+    def _steps(self, ends: Optional[List[float]] = None) -> torch.Tensor:
+        losses = []
+        for j in range(self.k):
+            losses.append(self._step(self.static_idx[j]))
+            if ends is not None:
+                ends.append(time.perf_counter())
+        return torch.stack(losses)
 
     def _step(self, idx: torch.Tensor) -> torch.Tensor:
         """One step as the eager loop makes it, on the rows ``idx`` gathered on the device."""
@@ -202,6 +244,7 @@ class GraphsOnTheDevice(LeanCallback):
         graphs = getattr(pl_module, "graphs", None)
         return {"replays": graphs.replays if graphs else 0,
                 "warm_up_chunks": graphs.warm_chunks if graphs else 0,
+                "capture_s": round(graphs.capture_s, 3) if graphs else 0.0,
                 "eager_chunks": getattr(pl_module, "eager_chunks", 0),
                 "capture_failed": graphs.failed if graphs else None,
                 "inputs": getattr(pl_module, "graph_inputs", None)}

@@ -36,9 +36,11 @@ class StepClock:
         self._last: Optional[float] = None
         self._faults_at_start = 0  # where the running interval of timed steps began
 
-    def step_done(self, samples: int, device: torch.device, ended: Optional[float] = None) -> bool:
+    def step_done(self, samples: int, device: torch.device, ended: Optional[float] = None,
+                  set_up_s: float = 0.0) -> bool:
         """Count a finished step (``ended``: when, by ``time.perf_counter``, if not now: the
-        steps of a chunk are counted after it); True for the first one (the warm-up)."""
+        steps of a chunk are counted after it; ``set_up_s``: seconds inside it that were no
+        training, a CUDA graph's capture); True for the first one (the warm-up)."""
         if self._last is None:  # an interval starts: its first step only sets the clock
             self._last = synced_clock(device) if ended is None else ended
             self._faults_at_start = minor_faults()
@@ -47,8 +49,9 @@ class StepClock:
                 self.first_step_unix = time.time()
             return first
         now = time.perf_counter() if ended is None else ended
-        self.elapsed += now - self._last
-        self.squares += (now - self._last) ** 2
+        took = now - self._last - set_up_s
+        self.elapsed += took
+        self.squares += took ** 2
         self.samples += samples
         self.steps += 1
         self._last = now

@@ -1,5 +1,6 @@
 """The helpers the lessons share: ``script``, ``sh`` and ``on_ranks``."""
 import json
+import subprocess
 import sys
 import time
 
@@ -104,3 +105,17 @@ def test_on_ranks_that_hang_fail_the_cell_with_their_stacks_and_are_ended(tmp_pa
     time.sleep(0.5)
     assert {p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE} \
         <= before
+
+
+@pytest.mark.parametrize("cores", [4, 16])
+def test_ranks_forked_by_lightnings_notebook_launcher_do_not_hang_on_many_cores(cores):
+    """Lightning gives each forked rank cores ÷ ranks OpenMP threads; more than one in a
+    rank forked from a kernel that computed on several threads hangs (GNU OpenMP's pool does
+    not survive a fork): lessons 3 and 3b hung on the 16 cores of a GPU machine, never on
+    CI's 2. The script pretends to have ``cores`` cores; without the guard it hangs (checked
+    by hand: ``python tests/lessons/notebook_launcher.py 8 bare``)."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "lessons" / "notebook_launcher.py"),
+                           str(cores), "guarded"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The kernel's own threads and environment are back.
+    assert "fit returned; threads 2 OMP_NUM_THREADS None" in done.stdout

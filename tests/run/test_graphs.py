@@ -2,6 +2,7 @@
 for the CUDA graph (it runs at each replay what would have been captured), so everything a
 replay must keep — weights, the logged rows, Lightning's step counters, the loader's place
 in a checkpoint, the rate's warm-up — is checked here; tests/gpu captures for real."""
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from pytorch_lightning.loggers import CSVLogger
 
 from kosmoss.core.errors import ConfigError
 from kosmoss.run import graphs
+from kosmoss.run.callbacks import ThroughputMeter
 from kosmoss.run.chunks import StepsInChunks
 from kosmoss.run.datamodule import RunDataModule
 from kosmoss.run.lean import LeanLitMLP
@@ -26,20 +28,24 @@ class FailingGraph(graphs.EagerGraph):
 
 
 def _fit(dataset, tmp_path, *, graph=None, steps=30, warmup=0, model_class=StepsInChunks,
-         k=K, precision="32-true", ckpt=None, stop_at=None, bf16_store=True):
+         k=K, precision="32-true", ckpt=None, stop_at=None, bf16_store=True, extra=(),
+         compile=False):
     pl.seed_everything(5, verbose=False)
     model = model_class(dataset.n_x, (16,), dataset.n_y, stats=dataset.statistics(),
                         warmup_steps=warmup, warmup_start_lr=1e-4)
+    if compile:  # as kosmoss.run.train compiles it
+        model.net.forward = torch.compile(model.net.forward)
     callbacks = [graphs.GraphsOnTheDevice(BATCH, k, graph, bf16_store)] if graph else []
     if stop_at:
         callbacks.append(StopAfter(stop_at, tmp_path / "stopped.ckpt"))
+    callbacks.extend(extra)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision=precision,
                          logger=CSVLogger(tmp_path, name="csv", version=""),
                          log_every_n_steps=3, callbacks=callbacks, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False,
                          use_distributed_sampler=False, default_root_dir=tmp_path)
     module = RunDataModule(dataset, batch_size=BATCH, seed=1, mode="controlled",
-                           steps_per_execution=k, chunked=model_class is StepsInChunks)
+                           steps_per_execution=k, chunked=issubclass(model_class, StepsInChunks))
     trainer.fit(model, datamodule=module, ckpt_path=ckpt)
     return trainer, model, (tmp_path / "csv" / "metrics.csv").read_text()
 
@@ -120,6 +126,75 @@ def test_a_failed_capture_trains_on_eagerly_and_says_so(random_dataset, tmp_path
     assert "operation not permitted" in figures["cuda_graphs"]["capture_failed"]
     assert len(figures["warnings"]) == 1 and "--cuda-graphs" in figures["warnings"][0]
     assert figures["cuda_graphs"]["replays"] == 0
+
+
+class SlowCapture(graphs.EagerGraph):
+    """A capture that takes CAPTURE_S, as a real one takes a second or two on a GPU."""
+
+    def capture(self, steps):
+        time.sleep(CAPTURE_S)
+        super().capture(steps)
+
+
+class SlowFirstStep(StepsInChunks):
+    """The first training step takes CAPTURE_S more, as torch.compile's compilation makes
+    the warm-up chunk's first step."""
+
+    def _common_step(self, batch, stage):
+        if stage == "train" and not getattr(self, "_compiled", False):
+            self._compiled = True
+            time.sleep(CAPTURE_S)
+        return super()._common_step(batch, stage)
+
+
+CAPTURE_S = 0.6
+
+
+@pytest.mark.parametrize("slow", ["capture", "first step"])
+def test_the_step_clock_leaves_out_the_capture_and_the_compilation(random_dataset, tmp_path,
+                                                                   slow):
+    """30 steps of a 16-wide network take a few ms each here: a 0.6 s capture (before the
+    first replay) or a 0.6 s first step of the warm-up chunk (compilation) counted as
+    training would at least double the clock's time (it did: 0.63 s and 0.47 s). On the
+    H200 (2026-11-27) the capture counted made kosmoss's replays read 2.3 M samples/s."""
+    meter = ThroughputMeter()
+    graph, model = (SlowCapture, StepsInChunks) if slow == "capture" else \
+        (graphs.EagerGraph, SlowFirstStep)
+    _, graphed, _ = _fit(random_dataset, tmp_path, graph=graph, model_class=model,
+                         extra=[meter])
+    assert graphed.graphs.replays >= 3
+    if slow == "capture":
+        assert graphed.graphs.capture_s >= CAPTURE_S
+        assert graphs.GraphsOnTheDevice.report(graphed)["capture_s"] >= CAPTURE_S
+    assert meter.clock.steps == 30 - 1  # every step but the first
+    assert 0 < meter.clock.elapsed < CAPTURE_S / 2, meter.clock.elapsed
+
+
+class CountCompiled(pl.Callback):
+    """The graphs torch.compile had made after each training step."""
+
+    def __init__(self):
+        self.after_step = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from kosmoss.run.lightning_private import compiled_graphs
+
+        self.after_step.append((pl_module.eager_chunks, compiled_graphs()))
+
+
+@pytest.mark.slow
+def test_eager_chunks_of_a_compiled_bf16_run_compile_nothing_more(random_dataset, tmp_path):
+    """The epoch's last chunk (shorter than K, a partial batch) runs eagerly. It once ran
+    LitMLP's float32 step, and torch.compile compiled the network a second time for those
+    inputs, inside the timed steps (3 s on the H200); it now runs the replays' step on
+    their stored bf16 inputs, the same values, and the compiled network is reused."""
+    torch._dynamo.reset()
+    counts = CountCompiled()
+    _, graphed, _ = _fit(random_dataset, tmp_path, graph=graphs.EagerGraph, compile=True,
+                         precision="bf16-mixed", extra=[counts])
+    assert graphed.eager_chunks >= 2 and graphed.graphs.replays >= 3
+    before_eager = next(n for eager, n in counts.after_step if eager == 0)
+    assert counts.after_step[-1][1] == before_eager, counts.after_step
 
 
 def test_bf16_in_chunks_trains_as_lightnings_automatic_loop(random_dataset, tmp_path):
