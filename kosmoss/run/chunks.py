@@ -171,7 +171,8 @@ class StepsInChunks(LeanLitMLP):
             chunk.keep(max_steps - self.global_step)
         started = time.perf_counter()
         losses = self.graphs.run(chunk.batches) if self._may_replay() else None
-        if losses is None and self._may_replay() and self.graphs.stored is not None:
+        if (losses is None and chunk.batches and self._may_replay()
+                and self.graphs.stored is not None):
             losses = self.graphs.eager(chunk.batches)  # the replays' inputs, in bf16
             self.eager_chunks += 1
         if losses is None:

@@ -52,12 +52,14 @@ def test_start_and_finish_write_the_records_and_give_the_environment_back(run_di
     assert not [g for g in ghosts.find_ghosts() if g.kind in ghosts.KOSMOSS_GHOSTS]
 
 
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("state", [records.STOPPED, records.FINISHED])
 def test_ctrl_c_pressed_while_the_records_are_written_waits_for_them(run_dir, monkeypatch,
-                                                                     state):
-    """Ctrl-C pressed again, landing between the process's record and run.json (CI saw it
-    once: run.json left ``running`` after a run stopped by Ctrl-C): both are written first;
-    then the press is dropped when the run is already recorded stopped, else delivered."""
+                                                                     state, stop_signal):
+    """Ctrl-C pressed again (or a second SIGTERM), landing between the process's record and
+    run.json (CI saw it once: run.json left ``running`` after a run stopped by Ctrl-C): both
+    are written first; then the signal is dropped when the run is already recorded stopped,
+    else delivered."""
     monkeypatch.delenv(records.RUN_ID_ENV, raising=False)
     monkeypatch.delenv(records.LAUNCHER_ENV, raising=False)
     records.start(run_dir, kind="single")
@@ -67,25 +69,26 @@ def test_ctrl_c_pressed_while_the_records_are_written_waits_for_them(run_dir, mo
         update(path, **changes)
         written.append(path.name)
         if len(written) == 1:
-            signal.raise_signal(signal.SIGINT)  # its handler runs at once, in this thread
+            signal.raise_signal(stop_signal)  # its handler runs at once, in this thread
 
     def stop(signum, frame):  # as kosmoss.run.pipeline's: a stop signal raises
         raise records.Stopped(signum)
 
     monkeypatch.setattr(records, "_update_json", update_then_ctrl_c)
-    previous = signal.signal(signal.SIGINT, stop)
+    previous = signal.signal(stop_signal, stop)
     try:
         if state == records.STOPPED:
-            records.finish(state, "stopped by SIGINT", "SIGINT")
+            records.finish(state, "stopped by a signal", stop_signal.name)
         else:
-            with pytest.raises(records.Stopped):  # a run that finished, then Ctrl-C
+            with pytest.raises(records.Stopped) as stopped:  # a run that finished, then this
                 records.finish(state)
+            assert stopped.value.signum == stop_signal
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(stop_signal, previous)
     assert len(written) == 2 and written[-1] == records.RUN_FILE
     assert records.read_run(run_dir)["state"] == state
     assert [r["state"] for r in records.read_processes(run_dir)] == [state]
-    assert signal.getsignal(signal.SIGINT) is previous
+    assert signal.getsignal(stop_signal) is previous
     assert records.RUN_ID_ENV not in os.environ  # the environment given back, then the stop
 
 

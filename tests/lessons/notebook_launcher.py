@@ -1,7 +1,7 @@
 """A kernel's fit with Lightning's notebook launcher on a machine of CORES cores, as a
-lesson makes it: the kernel first computes on two threads, then forks two CPU ranks.
-``python notebook_launcher.py CORES guarded|bare``: bare, on 4 cores or more, the ranks
-hang (tests/lessons/test_helpers.py); prints the kernel's threads after the fit."""
+lesson makes it: the kernel first computes on two threads, then forks RANKS CPU ranks.
+``python notebook_launcher.py CORES RANKS guarded|bare``: bare, with 2 cores a rank or
+more, the ranks hang (tests/lessons/test_helpers.py); prints the kernel's threads after."""
 import os
 import sys
 
@@ -10,7 +10,7 @@ import torch
 
 from kosmoss.lessons import one_thread_per_forked_rank
 
-cores, how = int(sys.argv[1]), sys.argv[2]
+cores, ranks, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 os.environ.pop("OMP_NUM_THREADS", None)
 torch.set_num_threads(2)
 torch.randn(256, 256) @ torch.randn(256, 256)  # the kernel's OpenMP pool, in use
@@ -32,7 +32,7 @@ class Tiny(pl.LightningModule):
 
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 256)),
                                    batch_size=16)
-trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", max_steps=3,
+trainer = pl.Trainer(accelerator="cpu", devices=ranks, strategy="ddp_notebook", max_steps=3,
                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)
 with (one_thread_per_forked_rank() if how == "guarded" else open(os.devnull)):

@@ -107,15 +107,16 @@ def test_on_ranks_that_hang_fail_the_cell_with_their_stacks_and_are_ended(tmp_pa
         <= before
 
 
-@pytest.mark.parametrize("cores", [4, 16])
-def test_ranks_forked_by_lightnings_notebook_launcher_do_not_hang_on_many_cores(cores):
+@pytest.mark.parametrize("cores, ranks", [(4, 2), (16, 2), (16, 3), (16, 4)])
+def test_ranks_forked_by_lightnings_notebook_launcher_do_not_hang_on_many_cores(cores, ranks):
     """Lightning gives each forked rank cores ÷ ranks OpenMP threads; more than one in a
     rank forked from a kernel that computed on several threads hangs (GNU OpenMP's pool does
     not survive a fork): lessons 3 and 3b hung on the 16 cores of a GPU machine, never on
     CI's 2. The script pretends to have ``cores`` cores; without the guard it hangs (checked
-    by hand: ``python tests/lessons/notebook_launcher.py 8 bare``)."""
+    by hand: ``python tests/lessons/notebook_launcher.py 8 2 bare``)."""
     done = subprocess.run([sys.executable, str(REPO / "tests" / "lessons" / "notebook_launcher.py"),
-                           str(cores), "guarded"], capture_output=True, text=True, timeout=180)
+                           str(cores), str(ranks), "guarded"], capture_output=True, text=True,
+                          timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     # The kernel's own threads and environment are back.
     assert "fit returned; threads 2 OMP_NUM_THREADS None" in done.stdout
