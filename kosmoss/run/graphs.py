@@ -118,8 +118,9 @@ class GraphedSteps:
         # its capture took (set-up, no training step's time), and when each of its steps
         # ended if it ran them one by one (a warm-up chunk: its first step holds
         # torch.compile's compilation, which the clock must not spread over the others).
-        self.set_up_s, self.step_ends = 0.0, []  # type: float, List[float]
-        self.capture_s = 0.0
+        self.set_up_s: float = 0.0
+        self.step_ends: List[float] = []
+        self.capture_s = 0.0  # every capture of the run: result.json's cuda_graphs
 
     def _timed(self) -> None:
         self.set_up_s, self.step_ends = 0.0, []
@@ -152,9 +153,10 @@ class GraphedSteps:
     def eager(self, batches: List[np.ndarray]) -> torch.Tensor:
         """A chunk no replay can take (shorter than K, a partial batch, a failed capture),
         run eagerly by the replays' own step on their stored bf16 inputs: the compiled
-        network sees the inputs it was compiled for. The float32 path would compile it a
-        second time, inside the timed steps: on the H200 (2026-11-27) a 5-step eager chunk
-        at the end of a 301-step run took 3 s, and the row read 1.5 M samples/s, not 20."""
+        network sees the inputs it was compiled for. The float32 path compiled it a second
+        time, inside the timed steps: on the H200 (2026-11-27) the 5-step eager chunk at the
+        end of a 301-step run took about 3 s, and the row read 1.5 M samples/s where its
+        replays' ladder rung ran 22.6 M (docs/gpu/2026-11-27-h200-ladder.md)."""
         self._timed()
         losses = []
         for batch in batches:
