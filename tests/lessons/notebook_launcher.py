@@ -2,6 +2,7 @@
 lesson makes it: the kernel first computes on two threads, then forks RANKS CPU ranks.
 ``python notebook_launcher.py CORES RANKS guarded|bare``: bare, with 2 cores a rank or
 more, the ranks hang (tests/lessons/test_helpers.py); prints the kernel's threads after."""
+import contextlib
 import os
 import sys
 
@@ -35,7 +36,7 @@ data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64
 trainer = pl.Trainer(accelerator="cpu", devices=ranks, strategy="ddp_notebook", max_steps=3,
                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)
-with (one_thread_per_forked_rank() if how == "guarded" else open(os.devnull)):
+with one_thread_per_forked_rank() if how == "guarded" else contextlib.nullcontext():
     trainer.fit(Tiny(), data)
 print("fit returned; threads", torch.get_num_threads(), "OMP_NUM_THREADS",
       os.environ.get("OMP_NUM_THREADS"))
