@@ -75,8 +75,12 @@ LADDER_ROWS = _ladder_rows()
 # GPU loop's data is there too: the host-to-GPU copy would otherwise be what is measured).
 GPU_FLAGS = ("--require-gpu", "--mode", "device")
 HOROVOD = ("trainup_gpu.py", "--strategy", "horovod")
+# The ladder's rungs never validate; at the top's batches an epoch is a chunk or one step,
+# and a validation after each left the GPU idle between them
+# (docs/gpu/2026-11-27-h200-ladder.md).
 TOP_FLAGS = ("trainup_gpu.py", "--gpus", "1", "--precision", "bf16-mixed", "--compile",
-             "--cuda-graphs", "--steps-per-execution", "8") + GPU_FLAGS
+             "--cuda-graphs", "--steps-per-execution", "8", "--val-every-n-epochs", "100") \
+    + GPU_FLAGS
 HOROVOD_CPU = ("trainup_cpu.py", "--strategy", "horovod")  # every CPU row: trainup_cpu.py
 
 MATRIX: Tuple[Setup, ...] = (
@@ -122,8 +126,8 @@ MATRIX: Tuple[Setup, ...] = (
           entry=HOROVOD + GPU_FLAGS),
     # kosmoss at the top of the ladder: the top rung's features through the run path, ÷ it.
     Setup("kosmoss-gpu-top", "kosmoss, 1 GPU, bf16, compile, CUDA graphs, 8 steps a replay, "
-          "inputs stored in bf16", "kosmoss", device="gpu", bf16=True, versus=f"ladder-{TOP.name}",
-          entry=TOP_FLAGS),
+          "inputs stored in bf16, validation every 100 epochs", "kosmoss", device="gpu",
+          bf16=True, versus=f"ladder-{TOP.name}", entry=TOP_FLAGS),
     Setup("kosmoss-gpu-top-max", "the same at the largest batch", "kosmoss", device="gpu",
           bf16=True, versus="ladder-top-max", entry=TOP_FLAGS, batch="max"),
     # The CPU's compile row: the raw loop with torch.compile (inductor), compile time apart.

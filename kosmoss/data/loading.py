@@ -231,6 +231,10 @@ class RankBatchSampler(Sampler[np.ndarray]):
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._resume_at: Optional[Tuple[int, int]] = None
+        self._span = int(self.indices.max()) + 1 if len(self.indices) else 0
+        # One process, one batch an epoch: that batch is the whole split, whatever the order.
+        self._whole = np.sort(self.indices) if world_size == 1 and \
+            batch_size >= len(self.indices) else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -238,7 +242,14 @@ class RankBatchSampler(Sampler[np.ndarray]):
     def resume(self, epoch: int, batches_done: int) -> None:
         """Continue ``epoch`` after its first ``batches_done`` batches, once; a pass over
         another epoch is whole. Sets the epoch too: a resumed Lightning run reads its first
-        batch before it calls ``set_epoch``."""
+        batch before it calls ``set_epoch``.
+
+        A position at the epoch's end (every batch done: a checkpoint taken on its last
+        batch, before Lightning's epoch-end) is the next epoch's start: Lightning creates the
+        resumed run's iterator before it moves on to that epoch and does not create it again,
+        so an empty remainder would leave the next epoch empty and its order skipped."""
+        if batches_done >= len(self):
+            epoch, batches_done = epoch + 1, 0
         self.epoch, self._resume_at = epoch, (epoch, batches_done)
 
     @property
@@ -267,7 +278,23 @@ class RankBatchSampler(Sampler[np.ndarray]):
     def __iter__(self) -> Iterator[np.ndarray]:
         skip, self._resume_at = self.skips, None
         # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
-        return (np.sort(batch) for batch in self.batches()[skip:])
+        if self._whole is not None:  # no permutation to draw: an epoch is one step
+            return iter([self._whole.copy()][skip:])
+        return (self._ascending(batch) for batch in self.batches()[skip:])
+
+    def _ascending(self, batch: np.ndarray) -> np.ndarray:
+        """``np.sort(batch)``; a batch of an eighth of the indices' span or more by marking
+        its rows instead. Best of 7 on the 2-core VM (2026-11-27), a span of 131,072:
+        131,072 rows 2.51 ms sorted, 0.46 ms marked; 16,384 rows 0.24 and 0.17 ms; 8,192
+        rows 0.13 and 0.11 ms. Marking costs the whole span whatever the batch, so below an
+        eighth sorting wins. Host time a GPU step at those batches waits for
+        (docs/bench/2026-11-27-sampler-per-step.py)."""
+        if 8 * len(batch) < self._span:
+            return np.sort(batch)
+        marked = np.zeros(self._span, dtype=bool)
+        marked[batch] = True
+        rows = np.flatnonzero(marked)
+        return rows if len(rows) == len(batch) else np.sort(batch)  # an index given twice
 
     def __len__(self) -> int:
         return batches_per_epoch(len(self.indices), self.batch_size, self.world_size)

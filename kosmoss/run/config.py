@@ -40,6 +40,7 @@ class RunConfig:
     base_batch_size: Optional[int] = None
     warmup_steps: int = 0
     max_epochs: int = 10
+    val_every_n_epochs: int = 1  # Lightning's check_val_every_n_epoch
     max_steps: int = -1
     dataset: str = DEFAULT_PRESET
     seed: int = 42
@@ -88,6 +89,7 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
     if config.gpu_ids is not None:
         _check_gpu_ids(config)
     _at_least(config.max_epochs, 1, "max_epochs")
+    _at_least(config.val_every_n_epochs, 1, "val_every_n_epochs")
     if config.max_steps != -1 and config.max_steps < 1:
         raise ConfigError("max_steps", f"{{field}} {config.max_steps}: must be >= 1 (or -1 for "
                           "no limit)")

@@ -84,6 +84,11 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
         help="ramp the rate linearly from --lr to the scaled rate over N steps (default 0)")
     add("--max-epochs", type=int, default=Default(DEFAULTS.max_epochs),
         help="(default %(default)s)")
+    add("--val-every-n-epochs", type=int, default=Default(DEFAULTS.val_every_n_epochs),
+        metavar="N", help="validate after every Nth epoch, and the final weights always; "
+                          "checkpoints come with validations, so a killed run resumes from "
+                          "the last one. Where an epoch is a step or a few, validating each "
+                          "leaves the GPU idle between steps (default %(default)s)")
     add("--max-steps", type=int, default=Default(DEFAULTS.max_steps),
         help="stop after this many optimizer steps; -1: no limit (default %(default)s)")
     add("--dataset", default=Default(DEFAULT_PRESET),
@@ -153,6 +158,7 @@ def config_from_args(parsed: argparse.Namespace, *, machine: MachineGpu,
         batch_size=args.batch_size, num_processes=processes, num_nodes=args.num_nodes,
         lr=args.lr, scale_lr=args.scale_lr, base_batch_size=args.base_batch_size,
         warmup_steps=args.warmup_steps, max_epochs=args.max_epochs, max_steps=args.max_steps,
+        val_every_n_epochs=args.val_every_n_epochs,
         dataset=args.dataset, seed=args.seed, result_json=args.result_json,
         hidden=tuple(args.hidden), mode=args.mode, num_workers=args.num_workers,
         progress=args.progress, resume=args.resume, precision=args.precision,

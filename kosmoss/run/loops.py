@@ -105,8 +105,8 @@ def _as_batch_ended(loops: dict, position: Position, loop_steps: int, per_epoch:
     _set_batches(loops[private.BATCH_PROGRESS], loop_steps, completed_lag=1, last=last)
     # Lightning adds one on this restart: its count moves after on_train_batch_end.
     private.set_saved_logged_steps(loops, position.steps - 1)
-    if last:
-        private.loader_states(loops)[0].update(epoch=position.epoch + 1, batches_done=0)
+    # After the last batch the loader's own state, "every batch of the epoch done", already
+    # reads as the next epoch's start (RankBatchSampler.resume).
 
 
 def _as_training_ended(loops: dict, position: Position, loop_steps: int) -> None:

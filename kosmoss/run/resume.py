@@ -34,9 +34,9 @@ NORMALISATION = ("x_mean", "x_std", "y_mean", "y_std")  # LitMLP's buffers, from
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
 # between DDP and Horovod, or to more ranks, and trains on the same way.
 # K too: several steps per loop step train bit for bit as one (kosmoss.run.chunks).
-CARRIED = ("max_epochs", "max_steps", "mode", "num_workers", "collective_timeout_s", "gpu_ids",
-           "num_processes", "num_nodes", "strategy", "steps_per_execution", "progress",
-           "result_json", "require_gpu")
+CARRIED = ("max_epochs", "max_steps", "val_every_n_epochs", "mode", "num_workers",
+           "collective_timeout_s", "gpu_ids", "num_processes", "num_nodes", "strategy",
+           "steps_per_execution", "progress", "result_json", "require_gpu")
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,14 @@ def _stacks_on_timeout(plan: RunPlan) -> Iterator[None]:
         raise RunFailed(f"{what}; stacks of every process of the run in {stacks}") from err
 
 
-LOG_EVERY_N_STEPS = 50  # Lightning's default; fewer when an epoch is shorter
+LOG_EVERY_N_STEPS = 50  # Lightning's default; fewer when validations come more often
+
+
+def log_every_n_steps(steps_per_epoch: int, val_every_n_epochs: int = 1) -> int:
+    """A train-loss row at least once between two validations. A shorter interval syncs
+    the GPU more often: logging reads the loss (one sync a row), so epochs of one step,
+    validated and logged every step, left the GPU idle between steps."""
+    return max(1, min(LOG_EVERY_N_STEPS, steps_per_epoch * val_every_n_epochs))
 
 
 def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
@@ -195,13 +202,14 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
         strategy=plan.engine.strategy(plan.share, scaling.world_size, plan.collective_timeout),
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
+        check_val_every_n_epoch=config.val_every_n_epochs,
         precision=config.precision,
         logger=run_loggers(plan),
         callbacks=callbacks,
         # FlattenedDataModule already gives each rank its share of every batch.
         use_distributed_sampler=False,
         plugins=plugins,
-        log_every_n_steps=min(LOG_EVERY_N_STEPS, steps_per_epoch),
+        log_every_n_steps=log_every_n_steps(steps_per_epoch, config.val_every_n_epochs),
         enable_progress_bar=config.progress,
         enable_model_summary=False,  # the parameter count is in the summary line
         profiler=NoProfiler(),

@@ -181,6 +181,24 @@ def test_sampler_resume_skips_only_the_epoch_it_names():
     assert [b.tolist() for b in fresh] == whole[4:]
 
 
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_a_position_at_the_epochs_end_resumes_the_next_epoch_whole(world_size):
+    """Every batch of epoch 2 done (a checkpoint on its last batch): the next pass is epoch
+    3's, whole, before Lightning sets the epoch — not an empty remainder of epoch 2."""
+    ranks = [RankBatchSampler(np.arange(103), 10, rank=r, world_size=world_size, seed=3)
+             for r in range(world_size)]
+    for sampler in ranks:
+        sampler.set_epoch(3)
+    epoch3 = [[b.tolist() for b in sampler] for sampler in ranks]
+    for sampler, whole in zip(ranks, epoch3):
+        fresh = RankBatchSampler(np.arange(103), 10, rank=sampler.rank, world_size=world_size,
+                                 seed=3)
+        fresh.resume(2, len(sampler))
+        assert fresh.epoch == 3 and [b.tolist() for b in fresh] == whole
+        fresh.resume(2, len(sampler) - 1)  # one batch left: that batch, of epoch 2
+        assert fresh.epoch == 2 and len(list(fresh)) == 1
+
+
 def _faults_reading_every_row(data: FlattenedDataset) -> int:
     """Minor page faults while every row of every shard is gathered into warm buffers."""
     import resource
@@ -222,3 +240,25 @@ def test_a_dataset_too_large_for_ram_is_read_as_it_goes(random_dataset, monkeypa
     monkeypatch.setattr(loading, "PREFAULT_RAM_SHARE", 0.5)
     FlattenedDataset(random_dataset, mode="efficient")
     assert len(calls) == 2 * len(random_dataset.shards)  # x and y of every shard
+
+
+@pytest.mark.parametrize("rows,batch_size,world_size", [
+    (131, 131, 1),   # one batch an epoch: the whole split, no permutation drawn
+    (131, 200, 1),   # a batch larger than the split
+    (131, 20, 1),    # large batches: rows marked, not sorted
+    (131, 20, 3),    # large batches on 3 ranks, the last one partial
+    (1000, 16, 4),   # small batches: sorted
+])
+def test_every_batch_comes_in_ascending_order_as_np_sort_gives_it(rows, batch_size, world_size):
+    """The fast ways to order a batch give exactly np.sort of the permuted batch, on split
+    indices with gaps (a split is a subset) and with an index given twice."""
+    rng = np.random.default_rng(0)
+    for indices in (np.sort(rng.choice(3 * rows, rows, replace=False)),
+                    np.concatenate([np.arange(rows - 1), [5]])):
+        for rank in range(world_size):
+            sampler = RankBatchSampler(indices, batch_size, rank=rank, world_size=world_size,
+                                       seed=7)
+            for epoch in (0, 1):
+                sampler.set_epoch(epoch)
+                expected = [np.sort(b).tolist() for b in sampler.batches()]
+                assert [b.tolist() for b in sampler] == expected

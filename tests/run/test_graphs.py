@@ -147,15 +147,16 @@ class SlowFirstStep(StepsInChunks):
         return super()._common_step(batch, stage)
 
 
-CAPTURE_S = 0.6
+CAPTURE_S = 2.0  # far above 29 tiny steps, even on a CI machine running other tests
 
 
 @pytest.mark.parametrize("slow", ["capture", "first step"])
 def test_the_step_clock_leaves_out_the_capture_and_the_compilation(random_dataset, tmp_path,
                                                                    slow):
-    """30 steps of a 16-wide network take a few ms each here: a 0.6 s capture (before the
-    first replay) or a 0.6 s first step of the warm-up chunk (compilation) counted as
-    training would at least double the clock's time (it did: 0.63 s and 0.47 s). On the
+    """30 steps of a 16-wide network take a few ms each here: a 2 s capture (before the
+    first replay) or a 2 s first step of the warm-up chunk (compilation) counted as
+    training would more than double the clock's time (with 0.6 s, it did: 0.63 s and
+    0.47 s; 29 steps once took 0.3 s on a loaded machine, hence 2 s). On the
     H200 (2026-11-27) the capture counted made kosmoss's replays read 2.3 M samples/s."""
     meter = ThroughputMeter()
     graph, model = (SlowCapture, StepsInChunks) if slow == "capture" else \

@@ -79,6 +79,25 @@ def test_train_then_report_in_process(home, tmp_path, capsys):
     assert "val_loss" in capsys.readouterr().out
 
 
+def test_validation_every_third_epoch_and_a_resume_keeps_it(home):
+    """tiny at batch 256: 7 steps an epoch. --val-every-n-epochs 3 validates after epochs 3
+    and 6 and the final weights; a resume that trains further keeps the stopped run's 3;
+    train-loss rows still come between validations (every 21 steps at most)."""
+    from kosmoss.run import run
+    from kosmoss.run.train import log_every_n_steps
+
+    flags = dict(dataset="tiny", batch_size=256, hidden=(16,), progress=False)
+    first = run(RunConfig(max_epochs=4, val_every_n_epochs=3, **flags), echo=lambda line: None)
+    assert [p["step"] for p in first["val_curve"]] == [21, 28] and first["global_step"] == 28
+    resumed = run(RunConfig(resume=first["run_id"], max_epochs=7, progress=False,
+                            given=frozenset({"resume", "max_epochs", "progress"})),
+                  echo=lambda line: None)
+    assert resumed["config"]["val_every_n_epochs"] == 3
+    assert [p["step"] for p in resumed["val_curve"]][-2:] == [42, 49]
+    assert (log_every_n_steps(7, 3), log_every_n_steps(1, 100), log_every_n_steps(1)) == \
+        (21, 50, 1)
+
+
 def test_no_engine_name_is_compared_outside_its_module():
     """Engines are objects: the run asks them, it never tests their names."""
     pattern = re.compile(r"""(==|!=|\bin\b)\s*\(?\s*["'](ddp|horovod)["']""")
