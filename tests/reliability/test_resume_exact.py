@@ -163,3 +163,40 @@ def test_a_killed_extension_of_a_finished_run_resumes_exactly(tmp_path, tiny, ep
     finished = Finished.of(run_dir)
     assert finished.result["resumed_from_step"] == 4 * epoch
     assert compare(finished, straight[8]) is None, compare(finished, straight[8])
+
+
+# Validation every other epoch (--val-every-n-epochs 2): epochs end with and without one.
+SPARSE_STOPS = [
+    ("epoch end, no validation after", 1, (1, -1), "train", USR1),
+    ("epoch end, a validation after", 8, (2, -1), "train", TERM),
+    ("validation", 8, (2, 0), "val", USR1),
+    ("inside a chunk", 8, (3, 3), "train", TERM),
+]
+
+
+@pytest.fixture(scope="module")
+def straight_sparse(tmp_path_factory, tiny, epoch):
+    runs = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for k in (1, 8):
+            home = tmp_path_factory.mktemp(f"straight-sparse-k{k}")
+            result = run_in_process(home, monkeypatch, val_every_n_epochs=2,
+                                    **_flags(tiny, epoch, k))
+            runs[k] = Finished.of(result["run_dir"])
+    return runs
+
+
+@pytest.mark.parametrize("name,k,at,where,sig", SPARSE_STOPS,
+                         ids=[f"{s[0]}-k{s[1]}" for s in SPARSE_STOPS])
+def test_a_stop_resumes_exactly_when_validations_skip_epochs(name, k, at, where, sig, tmp_path,
+                                                             monkeypatch, tiny, epoch,
+                                                             straight_sparse):
+    flags = dict(_flags(tiny, epoch, k), val_every_n_epochs=2)
+    step = at[0] * epoch + at[1]
+    expected = expected_stop(step, epoch, k, flags["max_steps"])
+    resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig, where),
+                               expected)
+    straight = straight_sparse[k]
+    assert [point["step"] for point in straight.result["val_curve"]] == \
+        [2 * epoch, 4 * epoch, flags["max_steps"]]
+    assert compare(resumed, straight) is None, compare(resumed, straight)
