@@ -363,9 +363,14 @@ print("DDP pays off when each rank has a device of its own.")
 #
 # One process per GPU: `accelerator="gpu"`, `devices=N`, and NCCL instead of gloo
 # (`trainup_gpu.py --gpus N`). The notebook launcher forks, so CUDA must not be
-# initialised in the kernel before the fork (Lightning checks this). With fewer GPUs than
-# ranks, NCCL refuses to put two ranks on one GPU, so kosmoss's `sharing` picks gloo and
-# a memory share (lesson 5). The cell below uses the GPUs when there are any.
+# initialised in the kernel before the fork: a forked rank that then uses CUDA stops with
+# torch's "Cannot re-initialize CUDA in forked subprocess". Lightning 2.6 no longer refuses
+# such a fork itself: its check (`_check_bad_cuda_fork`) asks torch whether the kernel is
+# a bad fork, which it never is. Counting GPUs with `torch.cuda.device_count()` is safe
+# where NVML answers (torch asks it first; its fallback would poison the fork, says its
+# docstring). With fewer GPUs than ranks, NCCL refuses to put two ranks on one GPU,
+# so kosmoss's `sharing` picks gloo and a memory share (lesson 5). The cell below uses the
+# GPUs when there are any.
 
 # %%
 from pytorch_lightning.strategies import DDPStrategy
