@@ -36,16 +36,21 @@ def _flags(tiny, epoch, k):
                 max_steps=_max_steps(epoch), steps_per_execution=k)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory, tiny, epoch):
-    """The runs never stopped, K = 1 and K = 8 (run once for the module)."""
+def _straight_runs(tmp_path_factory, tiny, epoch, name, **extra):
+    """The runs never stopped, K = 1 and K = 8, with ``extra`` flags."""
     runs = {}
     with pytest.MonkeyPatch.context() as monkeypatch:
         for k in (1, 8):
-            home = tmp_path_factory.mktemp(f"straight-k{k}")
-            result = run_in_process(home, monkeypatch, **_flags(tiny, epoch, k))
+            home = tmp_path_factory.mktemp(f"{name}-k{k}")
+            result = run_in_process(home, monkeypatch, **_flags(tiny, epoch, k), **extra)
             runs[k] = Finished.of(result["run_dir"])
     return runs
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny, epoch):
+    """The runs never stopped, K = 1 and K = 8 (run once for the module)."""
+    return _straight_runs(tmp_path_factory, tiny, epoch, "straight")
 
 
 def expected_stop(step: int, epoch: int, k: int, max_steps: int) -> int:
@@ -176,14 +181,7 @@ SPARSE_STOPS = [
 
 @pytest.fixture(scope="module")
 def straight_sparse(tmp_path_factory, tiny, epoch):
-    runs = {}
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        for k in (1, 8):
-            home = tmp_path_factory.mktemp(f"straight-sparse-k{k}")
-            result = run_in_process(home, monkeypatch, val_every_n_epochs=2,
-                                    **_flags(tiny, epoch, k))
-            runs[k] = Finished.of(result["run_dir"])
-    return runs
+    return _straight_runs(tmp_path_factory, tiny, epoch, "straight-sparse", val_every_n_epochs=2)
 
 
 @pytest.mark.parametrize("name,k,at,where,sig", SPARSE_STOPS,
