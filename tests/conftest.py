@@ -1,6 +1,9 @@
 """Shared fixtures: a private KOSMOSS_HOME, small datasets made by the tests themselves."""
 from __future__ import annotations
 
+import getpass
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,29 @@ def pytest_collection_modifyitems(items):
     for item in items:  # a test's own timeout mark (the lessons') wins
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_under_pytests_own_folder(tmp_path_factory):
+    """TMPDIR inside this session's pytest folder, for this process and every one it starts:
+    what a killed torchrun agent (torchelastic_*), a multiprocessing listener (pymp-*) or a
+    lesson's scratch folder leaves behind goes with the folder when pytest rotates it (it
+    keeps the last three sessions), not into /tmp for good."""
+    folder = tmp_path_factory.getbasetemp() / "tmp"
+    folder.mkdir(exist_ok=True)
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    # torch.compile's cache stays where torch puts it by default (its cache_dir_utils), so
+    # that it stays warm from one session to the next.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None  # tempfile caches its choice
+    yield folder
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = None
 
 
 @pytest.fixture

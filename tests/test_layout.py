@@ -117,3 +117,20 @@ def test_every_import_a_lesson_or_a_document_shows_works(where, module, names):
     for name in names:
         assert hasattr(imported, name) or importlib.util.find_spec(f"{module}.{name}"), \
             f"{where}: from {module} import {name} fails"
+
+
+def test_what_the_tests_start_writes_its_temporary_files_in_pytests_folder(tmp_path_factory):
+    """conftest's TMPDIR: a child process's temporary folder is inside this session's pytest
+    folder, which pytest rotates, not in /tmp where a killed run's leftovers would stay."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    base = tmp_path_factory.getbasetemp().resolve()
+    assert Path(tempfile.mkdtemp()).resolve().is_relative_to(base)
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(child).resolve().is_relative_to(base)
+    # ... but torch.compile's cache stays out of it, warm from one session to the next
+    assert not Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).resolve().is_relative_to(base)

@@ -8,6 +8,7 @@ batch.
 from __future__ import annotations
 
 import mmap
+import threading
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -24,6 +25,10 @@ from .store import PreparedDataset, open_dataset
 # as the epoch goes).
 PREFAULT_RAM_SHARE = 0.5
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; Python 3.13 names it
+# A training split at least this long has its next epoch's order drawn in a thread while
+# this epoch trains; a shorter one's draw takes about 1.5 ms or less on the 2-core VM,
+# not worth a thread an epoch (docs/bench/2026-11-27-order-draw.py).
+DRAW_AHEAD_FROM = 65_536
 
 
 def map_pages_now(array: np.memmap) -> None:
@@ -207,6 +212,41 @@ def batches_per_epoch(samples: int, batch_size: int, world_size: int = 1) -> int
     return full + (1 if (samples - full * global_batch >= world_size or full == 0) else 0)
 
 
+def draw_order(indices: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """An epoch's order, the same on every rank: ``indices[rng.permutation(n)]`` with the
+    generator of (seed, epoch). Shuffling a copy in place gives it to the element (the same
+    Fisher-Yates swaps from the same generator) without the arange and the gather: 131,072
+    indices in 0.6 to 0.8 of the time (docs/bench/2026-11-27-order-draw.py)."""
+    order = indices.copy()
+    np.random.default_rng([seed, epoch]).shuffle(order)
+    return order
+
+
+class OrderAhead:
+    """One epoch's order, drawn in a daemon thread that ends once it is drawn.
+
+    A plain thread, not a ``concurrent.futures`` pool: a pool's thread outlives its work,
+    and a process that forks with a live thread (torch's DataLoader workers, Lightning's
+    notebook launcher) risks the child. A fork mid-draw leaves the child without the
+    thread: ``take`` then finds no order, and the sampler draws it itself."""
+
+    def __init__(self, indices: np.ndarray, seed: int, epoch: int) -> None:
+        self.epoch, self.order = epoch, None
+        self._thread = threading.Thread(target=self._draw, args=(indices, seed),
+                                        name=f"kosmoss-order-{epoch}", daemon=True)
+        self._thread.start()
+
+    def _draw(self, indices: np.ndarray, seed: int) -> None:
+        self.order = draw_order(indices, seed, self.epoch)
+
+    def take(self, epoch: int) -> Optional[np.ndarray]:
+        """The order if it is ``epoch``'s, once drawn; None if not (the caller draws it)."""
+        if epoch != self.epoch:
+            return None
+        self._thread.join()
+        return self.order
+
+
 class RankBatchSampler(Sampler[np.ndarray]):
     """Batches of indices for one rank: every index exactly once per epoch across ranks,
     and every rank the same number of batches (DDP needs both).
@@ -231,6 +271,7 @@ class RankBatchSampler(Sampler[np.ndarray]):
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._resume_at: Optional[Tuple[int, int]] = None
+        self._ahead: Optional[OrderAhead] = None  # the next epoch's order, being drawn
         self._span = int(self.indices.max()) + 1 if len(self.indices) else 0
         # One process, one batch an epoch: that batch is the whole split, whatever the order.
         self._whole = np.sort(self.indices) if world_size == 1 and \
@@ -261,8 +302,12 @@ class RankBatchSampler(Sampler[np.ndarray]):
     def _epoch_order(self) -> np.ndarray:
         if not self.shuffle:
             return self.indices
-        rng = np.random.default_rng([self.seed, self.epoch])
-        return self.indices[rng.permutation(len(self.indices))]
+        ahead, self._ahead = self._ahead, None
+        order = ahead.take(self.epoch) if ahead else None
+        return draw_order(self.indices, self.seed, self.epoch) if order is None else order
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ahead": None}  # a copy draws its own orders
 
     def batches(self) -> List[np.ndarray]:
         order, b, r, w = self._epoch_order(), self.batch_size, self.rank, self.world_size
@@ -280,7 +325,17 @@ class RankBatchSampler(Sampler[np.ndarray]):
         # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
         if self._whole is not None:  # no permutation to draw: an epoch is one step
             return iter([self._whole.copy()][skip:])
-        return (self._ascending(batch) for batch in self.batches()[skip:])
+        return self._handed_out(self.batches()[skip:], self.epoch)
+
+    def _handed_out(self, batches: List[np.ndarray], epoch: int) -> Iterator[np.ndarray]:
+        """The batches in ascending order. Once the first is out, the next epoch's order is
+        drawn in a thread (numpy releases the GIL while it shuffles), so that epoch's first
+        step does not wait for it: started then, not when the epoch's iterator is made,
+        because torch's DataLoader forks its workers in between."""
+        for number, batch in enumerate(batches):
+            yield self._ascending(batch)
+            if number == 0 and self.shuffle and len(self.indices) >= DRAW_AHEAD_FROM:
+                self._ahead = OrderAhead(self.indices, self.seed, epoch + 1)
 
     def _ascending(self, batch: np.ndarray) -> np.ndarray:
         """``np.sort(batch)``; a batch of an eighth of the indices' span or more by marking

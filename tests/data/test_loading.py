@@ -1,8 +1,14 @@
+import os
+import threading
+import time
+
 import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kosmoss.data.datamodule import BatchLoader, FlattenedDataModule
 from kosmoss.data import loading
@@ -122,9 +128,12 @@ def test_datamodule_loaders_give_whole_batches(random_dataset):
     assert sum(len(x) for x, _ in batches) == 800
 
 
-def test_datamodule_with_workers_reads_the_same(random_dataset):
+@pytest.mark.parametrize("draw_ahead", [False, True])
+def test_datamodule_with_workers_reads_the_same(random_dataset, draw_ahead, monkeypatch):
     """Without workers a BatchLoader reads in place; with them, torch's DataLoader: the same
-    batches in the same order, epoch after epoch."""
+    batches in the same order, epoch after epoch; with the next epoch's order drawn in a
+    thread too (the workers fork while it runs)."""
+    monkeypatch.setattr(loading, "DRAW_AHEAD_FROM", 1 if draw_ahead else 10**9)
     plain = FlattenedDataModule(random_dataset, batch_size=50, seed=1)
     workers = FlattenedDataModule(random_dataset, batch_size=50, seed=1, num_workers=2)
     for dm in (plain, workers):
@@ -135,7 +144,7 @@ def test_datamodule_with_workers_reads_the_same(random_dataset):
     pairs = [(plain.val_dataloader(), workers.val_dataloader())]
     lean, torch_loader = plain.train_dataloader(), workers.train_dataloader()
     assert len(lean) == len(torch_loader) == 16
-    for epoch in (0, 1):  # what Lightning does at each epoch's start
+    for epoch in (0, 1, 2):  # what Lightning does at each epoch's start
         lean.sampler.set_epoch(epoch)
         torch_loader.sampler.set_epoch(epoch)
         pairs.append((list(lean), list(torch_loader)))
@@ -262,3 +271,122 @@ def test_every_batch_comes_in_ascending_order_as_np_sort_gives_it(rows, batch_si
                 sampler.set_epoch(epoch)
                 expected = [np.sort(b).tolist() for b in sampler.batches()]
                 assert [b.tolist() for b in sampler] == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(indices=st.lists(st.integers(0, 10**6), min_size=2, max_size=300),
+       seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 10**4))
+def test_the_epochs_order_is_the_seeded_permutation_of_the_indices(indices, seed, epoch):
+    """The order every run depends on: ``indices[rng.permutation(n)]`` with the generator of
+    (seed, epoch), element for element, for indices unsorted, with gaps or given twice;
+    whatever way the sampler draws it, an earlier run's batches come again."""
+    indices = np.asarray(indices)
+    sampler = RankBatchSampler(indices, batch_size=1, seed=seed)
+    sampler.set_epoch(epoch)
+    expected = indices[np.random.default_rng([seed, epoch]).permutation(len(indices))]
+    assert np.concatenate(sampler.batches()).tolist() == expected.tolist()
+
+
+def _expected_batches(indices, batch_size, rank, world_size, epoch, skip=0):
+    """A sampler's batches for ``epoch`` drawn from scratch, in ascending order."""
+    fresh = RankBatchSampler(indices, batch_size, rank=rank, world_size=world_size, seed=9)
+    fresh.set_epoch(epoch)
+    return [np.sort(b).tolist() for b in fresh.batches()[skip:]]
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_an_order_drawn_ahead_is_the_order_drawn_when_asked(world_size, monkeypatch):
+    """The next epoch's order drawn in a thread gives every rank the batches it would have
+    drawn itself: epochs in turn, an epoch taken twice, a jump (a resume elsewhere), a
+    resume inside an epoch, an epoch left after its first batch."""
+    monkeypatch.setattr(loading, "DRAW_AHEAD_FROM", 1)
+    indices = np.sort(np.random.default_rng(1).choice(5000, 1000, replace=False))
+    for rank in range(world_size):
+        sampler = RankBatchSampler(indices, 30, rank=rank, world_size=world_size, seed=9)
+        for epoch in (0, 1, 2, 2, 7, 8, 3):
+            sampler.set_epoch(epoch)
+            assert [b.tolist() for b in sampler] == _expected_batches(
+                indices, 30, rank, world_size, epoch)
+            assert sampler._ahead is not None and sampler._ahead.epoch == epoch + 1
+        sampler.resume(4, 5)
+        assert [b.tolist() for b in sampler] == _expected_batches(
+            indices, 30, rank, world_size, 4, skip=5)
+        sampler.set_epoch(5)
+        next(iter(sampler))  # one batch, then the epoch is left: the next still comes whole
+        sampler.set_epoch(6)
+        assert [b.tolist() for b in sampler] == _expected_batches(indices, 30, rank,
+                                                                 world_size, 6)
+
+
+def test_only_a_long_training_split_is_drawn_ahead_and_no_thread_outlives_its_draw(
+        monkeypatch):
+    short = RankBatchSampler(np.arange(loading.DRAW_AHEAD_FROM - 1), 4096, seed=1)
+    long = RankBatchSampler(np.arange(loading.DRAW_AHEAD_FROM), 4096, seed=1)
+    validation = RankBatchSampler(np.arange(loading.DRAW_AHEAD_FROM), 4096, shuffle=False)
+    for sampler in (short, long, validation):
+        list(sampler)
+    assert short._ahead is None and validation._ahead is None
+    assert long._ahead.take(1).tolist() == loading.draw_order(long.indices, 1, 1).tolist()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kosmoss-order")]
+
+
+def _slow_in_a_thread(monkeypatch, seconds=1.0):
+    """draw_order that takes ``seconds`` more when a thread (the draw ahead) calls it."""
+    real = loading.draw_order
+
+    def slow(*args):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(seconds)
+        return real(*args)
+
+    monkeypatch.setattr(loading, "draw_order", slow)
+
+
+def test_a_fork_while_the_next_order_is_drawn_leaves_the_child_drawing_it_itself(
+        monkeypatch):
+    """A process forked mid-draw has no drawing thread: its sampler draws the order."""
+    monkeypatch.setattr(loading, "DRAW_AHEAD_FROM", 1)
+    _slow_in_a_thread(monkeypatch)
+    indices = np.arange(500)
+    sampler = RankBatchSampler(indices, 50, seed=9)
+    expected = _expected_batches(indices, 50, 0, 1, 1)
+    list(sampler)  # epoch 0; epoch 1's order is being drawn, for a second
+    child = os.fork()
+    if child == 0:  # the child: right batches, and no waiting for a thread it lacks
+        started = time.perf_counter()
+        sampler.set_epoch(1)
+        right = [b.tolist() for b in sampler] == expected
+        os._exit(0 if right and time.perf_counter() - started < 0.5 else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_copy_of_a_sampler_drawing_ahead_and_a_failed_draw_give_the_same_batches(
+        monkeypatch):
+    import copy
+    import pickle
+
+    monkeypatch.setattr(loading, "DRAW_AHEAD_FROM", 1)
+    _slow_in_a_thread(monkeypatch, 0.3)
+    indices = np.arange(400)
+    expected = _expected_batches(indices, 40, 1, 2, 1)
+    sampler = RankBatchSampler(indices, 40, rank=1, world_size=2, seed=9)
+    list(sampler)
+    for twin in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler)), sampler):
+        twin.set_epoch(1)
+        assert [b.tolist() for b in twin] == expected
+
+    def failing(*args):  # the draw ahead fails (say, out of memory): the sampler draws
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("drawing ahead")
+        return real(*args)
+
+    real, told = loading.draw_order, []
+    monkeypatch.setattr(loading, "draw_order", failing)
+    monkeypatch.setattr(threading, "excepthook", told.append)
+    sampler.set_epoch(4)
+    list(sampler)
+    sampler.set_epoch(5)
+    assert [b.tolist() for b in sampler] == _expected_batches(indices, 40, 1, 2, 5)
+    assert sampler._ahead.take(6) is None  # epoch 6's draw failed too, once it ended
+    assert [type(t.exc_value) for t in told] == [MemoryError, MemoryError]
