@@ -381,6 +381,7 @@ def test_a_copy_of_a_sampler_drawing_ahead_and_a_failed_draw_give_the_same_batch
             raise MemoryError("drawing ahead")
         return real(*args)
 
+    sampler._ahead.take(2)  # epoch 2's draw, started above, ends before the draws fail
     real, told = loading.draw_order, []
     monkeypatch.setattr(loading, "draw_order", failing)
     monkeypatch.setattr(threading, "excepthook", told.append)
