@@ -27,19 +27,22 @@ def temporary_files_under_pytests_own_folder(tmp_path_factory):
     keeps the last three sessions), not into /tmp for good."""
     folder = tmp_path_factory.getbasetemp() / "tmp"
     folder.mkdir(exist_ok=True)
-    saved = {name: os.environ.get(name) for name in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
-    # torch.compile's cache stays where torch puts it by default (its cache_dir_utils), so
-    # that it stays warm from one session to the next.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
-    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None  # tempfile caches its choice
-    yield folder
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    tempfile.tempdir = None
+    with pytest.MonkeyPatch.context() as patch:
+        # torch.compile's cache stays at torch's default place (its cache_dir_utils), warm
+        # from one session to the next.
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                     or os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", None)  # tempfile caches its choice
+        yield folder
+
+
+def _user() -> str:
+    """The user name as torch names its cache folder by, falling back the same way."""
+    try:
+        return getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):  # no passwd entry, as in some containers
+        return f"uid_{os.getuid()}"
 
 
 @pytest.fixture
