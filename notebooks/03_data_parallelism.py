@@ -91,10 +91,37 @@ if buffer_flag == "forward_sync_buffers":
     print("broadcast_buffers is its deprecated spelling: it warns, and =False also skips the "
           "start-up broadcast of the buffers")
 assert buffer_flag in ddp_flags
-#
+
+# %% [markdown]
 # Because the loss is a mean over the batch, the average of the shards' gradients *is*
 # the gradient of the whole global batch. Let us check that by hand with
 # `torch.distributed` and two CPU processes talking over gloo.
+#
+# Every gradient in this lesson is computed in a process forked from the kernel, even the
+# whole-batch reference: the kernel itself never runs a backward pass. Where a GPU is
+# visible, PyTorch's first backward starts an autograd thread per device, and from then
+# on a process forked from that one fails at its own first backward ("Unable to handle
+# autograd's threading in combination with fork-based multiprocessing", see
+# [Autograd and Fork](https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork)). On a
+# CPU-only machine no such thread starts and nothing fails, which is how this trap hides
+# until the lesson runs on a GPU. Lightning's notebook launcher forks its ranks too, so
+# train in the kernel *after* the last fork, or restart the kernel. Here is what this
+# machine does, in a fresh process: a backward pass, then a fork whose child runs one.
+
+# %%
+from kosmoss.lessons.forks import backward_after_fork
+
+probe = backward_after_fork()
+if probe["threads"] is None:
+    print("this system does not list thread names (no /proc): the autograd threads are unseen")
+elif probe["threads"]:
+    print(f"the first backward started autograd thread(s) {', '.join(probe['threads'])}")
+else:
+    print("the first backward started no autograd device thread: no GPU is visible here")
+print("a backward in a process forked after it: "
+      + ("ran" if probe["child_error"] is None else f"failed — {probe['child_error']}"))
+if probe["threads"] is not None:
+    assert bool(probe["threads"]) == (probe["child_error"] is not None), probe
 
 # %%
 x_batch, y_batch = FlattenedDataset(dataset)[np.arange(64)]
@@ -124,21 +151,27 @@ def ddp_gradient_by_hand(rank, world_size, port):
     dist.destroy_process_group()
 
 
-# fork: the two processes inherit the notebook's variables (the batch, the statistics).
+def whole_batch_gradients(_):
+    """One process, the whole batch: in float32, and exact (float64) to measure rounding."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the ranks' initial weights
+    single = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
+    loss_of(single, x_batch, y_batch).backward()
+    exact_model = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
+    exact_model.load_state_dict(single.state_dict())
+    exact_model = exact_model.double()
+    loss_of(exact_model, x_batch.double(), y_batch.double()).backward()
+    torch.save({"float32": [p.grad for p in single.parameters()],
+                "float64": [p.grad for p in exact_model.parameters()]},
+               scratch / "grads-whole-batch.pt")
+
+
+# fork: the processes inherit the notebook's variables (the batch, the statistics).
 mp.start_processes(ddp_gradient_by_hand, args=(2, free_port()), nprocs=2, start_method="fork")
+mp.start_processes(whole_batch_gradients, nprocs=1, start_method="fork")  # the kernel: no backward
 ranks = [torch.load(scratch / f"grads-rank{r}.pt") for r in range(2)]
-
-torch.manual_seed(0)
-single = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
-loss_of(single, x_batch, y_batch).backward()
-full = [p.grad for p in single.parameters()]
-
-# The exact gradient, in float64: how far float32 takes each computation from it.
-exact_model = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
-exact_model.load_state_dict(single.state_dict())
-exact_model = exact_model.double()
-loss_of(exact_model, x_batch.double(), y_batch.double()).backward()
-exact = [p.grad for p in exact_model.parameters()]
+whole = torch.load(scratch / "grads-whole-batch.pt")
+full, exact = whole["float32"], whole["float64"]
 
 
 def farthest(grads, reference):

@@ -152,17 +152,26 @@ print("steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for 
 # micro-batches, each loss divided by `k`, against the gradient of one batch of `k × b`.
 
 # %%
-torch.manual_seed(0)
-net = mlp(lab.n_x, list(HIDDEN), lab.n_y)
+def accumulation_versus_one_batch(k):
+    """The largest gradient difference, and the largest gradient, of one seeded network."""
+    torch.set_num_threads(1)  # forked from the kernel: its OpenMP pool does not survive
+    torch.manual_seed(0)
+    net = mlp(lab.n_x, list(HIDDEN), lab.n_y)
+    rows = torch.arange(k * BASE_BATCH)
+    torch.nn.functional.mse_loss(net(X_train[rows]), Y_train[rows]).backward()
+    one_batch = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    for micro in rows.split(BASE_BATCH):
+        (torch.nn.functional.mse_loss(net(X_train[micro]), Y_train[micro]) / k).backward()
+    return (max((p.grad - g).abs().max().item() for p, g in zip(net.parameters(), one_batch)),
+            max(g.abs().max().item() for g in one_batch))
+
+
+# In a forked process, as every backward of this lesson: the runs below are forked from
+# the kernel, which must not run a backward itself (lesson 3 says why).
 k = 16
-rows = torch.arange(k * BASE_BATCH)
-torch.nn.functional.mse_loss(net(X_train[rows]), Y_train[rows]).backward()
-one_batch = [p.grad.clone() for p in net.parameters()]
-net.zero_grad()
-for micro in rows.split(BASE_BATCH):
-    (torch.nn.functional.mse_loss(net(X_train[micro]), Y_train[micro]) / k).backward()
-difference = max((p.grad - g).abs().max().item() for p, g in zip(net.parameters(), one_batch))
-scale = max(g.abs().max().item() for g in one_batch)
+with multiprocessing.get_context("fork").Pool(1) as pool:
+    difference, scale = pool.apply(accumulation_versus_one_batch, (k,))
 print(f"{k} accumulated micro-batches of {BASE_BATCH} vs one batch of {k * BASE_BATCH}: "
       f"largest difference {difference:.1e} (largest gradient {scale:.1e})")
 assert difference < 1e-5 * scale, "accumulation must reproduce the big batch's gradient"

@@ -85,24 +85,39 @@ N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
 # gradients from the last layer to the first, and each parameter's gradient is complete
 # at a known moment. `parameter.register_post_accumulate_grad_hook(hook)` calls
 # `hook(parameter)` at that moment. The cell times it on the course's MLP, at the batch
-# one rank gets in the benchmark below.
+# one rank gets in the benchmark below — in one process forked from the kernel, like every
+# backward pass of this lesson (after a backward in the kernel, a GPU machine could not
+# run one in the ranks forked later: lesson 3).
 
 # %%
+import json
+
 BATCH = own_ddp.Setup().batch  # one rank's batch in the benchmark below
 torch.manual_seed(0)
 model = mlp(N_X, HIDDEN, N_Y)
-names = {parameter: name for name, parameter in model.named_parameters()}
-x, y = torch.randn(BATCH, N_X), torch.randn(BATCH, N_Y)
-torch.nn.functional.mse_loss(model(x), y).backward()  # a first backward pays one-off set-ups
-model.zero_grad(set_to_none=True)
-ready = []
-for parameter in model.parameters():
-    parameter.register_post_accumulate_grad_hook(
-        lambda p: ready.append((names[p], time.perf_counter(), 4 * p.numel())))
-loss = torch.nn.functional.mse_loss(model(x), y)
-started = time.perf_counter()
-loss.backward()
-ended = time.perf_counter()
+
+
+def gradient_order(rank, world_size, port):
+    """When each gradient is ready during one backward, written for the kernel to read."""
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    x, y = torch.randn(BATCH, N_X), torch.randn(BATCH, N_Y)
+    torch.nn.functional.mse_loss(model(x), y).backward()  # a first backward pays set-ups
+    model.zero_grad(set_to_none=True)
+    ready = []
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(
+            lambda p: ready.append((names[p], time.perf_counter(), 4 * p.numel())))
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    started = time.perf_counter()
+    loss.backward()
+    ended = time.perf_counter()
+    (scratch / "gradient-order.json").write_text(json.dumps(
+        {"started": started, "ended": ended, "ready": ready}))
+
+
+on_ranks(gradient_order, 1)
+timed = json.loads((scratch / "gradient-order.json").read_text())
+started, ended, ready = timed["started"], timed["ended"], timed["ready"]
 total_bytes = sum(nbytes for *_, nbytes in ready)
 print(f"backward: {(ended - started) * 1e3:.2f} ms; gradients in the order they were ready:")
 for name, at, nbytes in ready:

@@ -36,6 +36,7 @@
 import copy
 import gc
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -52,6 +53,14 @@ N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
 
 def mib(nbytes):
     return f"{nbytes / 2**20:,.2f} MiB"
+
+
+def forked(function, *args):
+    """``function(*args)`` in a process forked from the kernel, its result sent back. The
+    kernel runs no backward itself: the ranks it forks later could not (lesson 3)."""
+    with multiprocessing.get_context("fork").Pool(
+            1, initializer=torch.set_num_threads, initargs=(1,)) as pool:  # one OpenMP thread
+        return pool.apply(function, args)
 
 
 # %% [markdown]
@@ -116,7 +125,7 @@ def measured_step(model, batch, autocast=False):
 BATCH = 256
 computed = arithmetic(N_X, HIDDEN, N_Y, BATCH)
 torch.manual_seed(0)
-measured = measured_step(mlp(N_X, HIDDEN, N_Y), BATCH)
+measured = forked(measured_step, mlp(N_X, HIDDEN, N_Y), BATCH)  # as every step of this lesson
 for part in computed:
     print(f"{part:>12}: computed {mib(computed[part]):>12}, measured {mib(measured[part]):>12}")
     assert computed[part] == measured[part], part
@@ -140,10 +149,15 @@ while sum(a * b + b for a, b in zip((N_X, width, width, width), (width, width, w
         < SCALE * params_small:
     width += 1
 big_hidden = (width,) * 3
-with torch.device("meta"):
-    big = mlp(N_X, big_hidden, N_Y)
+
+
+def step_on_meta(hidden):
+    with torch.device("meta"):
+        return measured_step(mlp(N_X, hidden, N_Y), BATCH)
+
+
 big_computed = arithmetic(N_X, big_hidden, N_Y, BATCH)
-big_measured = measured_step(big, BATCH)
+big_measured = forked(step_on_meta, big_hidden)
 params_big = big_computed["parameters"] // 4
 print(f"hidden width {width}: {params_big:,} parameters, {params_big / params_small:.0f}x")
 for part in big_computed:
@@ -176,13 +190,20 @@ torch.manual_seed(1)
 x, y = torch.randn(BATCH, N_X), torch.randn(BATCH, N_Y)
 torch.manual_seed(0)
 whole = mlp(N_X, HIDDEN, N_Y)
-accumulated = copy.deepcopy(whole)  # the same weights
-torch.nn.functional.mse_loss(whole(x), y).backward()
-for x_part, y_part in zip(x.chunk(MICRO), y.chunk(MICRO)):
-    (torch.nn.functional.mse_loss(accumulated(x_part), y_part) / MICRO).backward()
-gap = max((a.grad - b.grad).abs().max().item()
-          for a, b in zip(whole.parameters(), accumulated.parameters()))
-slice_activations = measured_step(copy.deepcopy(whole), BATCH // MICRO)["activations"]
+
+
+def accumulation_gap(whole, x, y):
+    """The largest gradient difference between one batch and MICRO accumulated slices."""
+    accumulated = copy.deepcopy(whole)  # the same weights
+    torch.nn.functional.mse_loss(whole(x), y).backward()
+    for x_part, y_part in zip(x.chunk(MICRO), y.chunk(MICRO)):
+        (torch.nn.functional.mse_loss(accumulated(x_part), y_part) / MICRO).backward()
+    return max((a.grad - b.grad).abs().max().item()
+               for a, b in zip(whole.parameters(), accumulated.parameters()))
+
+
+gap = forked(accumulation_gap, whole, x, y)
+slice_activations = forked(measured_step, copy.deepcopy(whole), BATCH // MICRO)["activations"]
 print(f"gradient of {MICRO} micro-batches of {BATCH // MICRO} vs one batch of {BATCH}: "
       f"largest difference {gap:.1e}")
 print(f"activations alive at once: {mib(slice_activations)} instead of "
@@ -206,7 +227,7 @@ assert gap < 1e-6 and slice_activations * MICRO == computed["activations"]
 
 # %%
 torch.manual_seed(0)
-mixed = measured_step(mlp(N_X, HIDDEN, N_Y), BATCH, autocast=True)
+mixed = forked(measured_step, mlp(N_X, HIDDEN, N_Y), BATCH, True)  # autocast
 per_batch = [s for s in mixed["saved"] if s[0][0] == BATCH]
 copies = [s for s in mixed["saved"] if s[0][0] != BATCH]
 batch_bf16 = sum(n for _, dtype, n in per_batch if dtype == torch.bfloat16)
@@ -291,31 +312,39 @@ def paired_steps(first, second, x, y, repeats):
             statistics.median(b / a for a, b in pairs))
 
 
-torch.manual_seed(0)
-kept = mlp(N_X, HIDDEN, N_Y)
-recomputed = Recomputed(kept)  # the same layers, the same weights
 REPEATS = 15  # pairs of steps: a few seconds, quick mode or not
-trade = {}
-for batch in (BATCH, 8 * BATCH):
-    xb, yb = torch.randn(batch, N_X), torch.randn(batch, N_Y)
-    grads = []
-    for net in (kept, recomputed):
-        net.zero_grad(set_to_none=True)
-        torch.nn.functional.mse_loss(net(xb), yb).backward()
-        grads.append(torch.cat([p.grad.flatten() for p in kept.parameters()]))
-    assert float((grads[0] - grads[1]).abs().max()) <= 1e-6 * float(grads[0].abs().max()), \
-        "recomputation must not change the gradients"
-    step_kept, step_recomputed, ratio = paired_steps(kept, recomputed, xb, yb, REPEATS)
-    row = {"kept": peak_bytes(kept, xb, yb), "recomputed": peak_bytes(recomputed, xb, yb),
-           "step_kept": step_kept, "step_recomputed": step_recomputed, "added": ratio - 1,
-           "arithmetic": 4 * batch * sum(HIDDEN)}
-    row["saved"] = row["kept"] - row["recomputed"]
-    trade[batch] = row
+
+
+def recomputation_trade(kept):
+    """Peak memory and step time, kept and recomputed, at two batch sizes."""
+    recomputed = Recomputed(kept)  # the same layers, the same weights
+    trade = {}
+    for batch in (BATCH, 8 * BATCH):
+        xb, yb = torch.randn(batch, N_X), torch.randn(batch, N_Y)
+        grads = []
+        for net in (kept, recomputed):
+            net.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(net(xb), yb).backward()
+            grads.append(torch.cat([p.grad.flatten() for p in kept.parameters()]))
+        assert float((grads[0] - grads[1]).abs().max()) <= 1e-6 * float(grads[0].abs().max()), \
+            "recomputation must not change the gradients"
+        step_kept, step_recomputed, ratio = paired_steps(kept, recomputed, xb, yb, REPEATS)
+        row = {"kept": peak_bytes(kept, xb, yb), "recomputed": peak_bytes(recomputed, xb, yb),
+               "step_kept": step_kept, "step_recomputed": step_recomputed, "added": ratio - 1,
+               "arithmetic": 4 * batch * sum(HIDDEN)}
+        row["saved"] = row["kept"] - row["recomputed"]
+        trade[batch] = row
+    return trade
+
+
+torch.manual_seed(0)
+trade = forked(recomputation_trade, mlp(N_X, HIDDEN, N_Y))
+for batch, row in trade.items():
     print(f"batch {batch:>5}: peak {mib(row['kept'])} kept, {mib(row['recomputed'])} "
           f"recomputed: {mib(row['saved'])} saved ({row['saved'] / row['kept']:.0%} of the "
-          f"peak; the SiLU inputs are {mib(row['arithmetic'])}); step {step_kept * 1e3:.1f} "
-          f"-> {step_recomputed * 1e3:.1f} ms ({row['added']:+.0%}, the median of "
-          f"{REPEATS} pairs)")
+          f"peak; the SiLU inputs are {mib(row['arithmetic'])}); step "
+          f"{row['step_kept'] * 1e3:.1f} -> {row['step_recomputed'] * 1e3:.1f} ms "
+          f"({row['added']:+.0%}, the median of {REPEATS} pairs)")
 large = trade[8 * BATCH]
 assert abs(large["saved"] - large["arithmetic"]) <= 0.1 * large["arithmetic"], \
     "at the large batch the peak falls by the SiLU inputs recomputation no longer keeps"
@@ -480,11 +509,16 @@ if gpus:
                            "max_memory_allocated": torch.cuda.max_memory_allocated()}}))
     """))
     sh([sys.executable, fsdp_script])
-    torch.manual_seed(0)
-    on_gpu = mlp(N_X, HIDDEN, N_Y).cuda()
-    torch.cuda.reset_peak_memory_stats()
-    measured_step(on_gpu, BATCH)
-    print(f"one GPU, plain Adam step: max_memory_allocated {mib(torch.cuda.max_memory_allocated())}"
+
+    def plain_step_on_gpu():
+        torch.manual_seed(0)
+        on_gpu = mlp(N_X, HIDDEN, N_Y).cuda()
+        torch.cuda.reset_peak_memory_stats()
+        measured_step(on_gpu, BATCH)
+        return torch.cuda.max_memory_allocated()
+
+    peak = forked(plain_step_on_gpu)  # CUDA starts there, never in the kernel
+    print(f"one GPU, plain Adam step: max_memory_allocated {mib(peak)}"
           f", arithmetic {mib(total)} (plus the batch itself and the allocator's rounding)")
 else:
     print("no GPU here: the FSDP run and torch.cuda.max_memory_allocated are skipped")
@@ -636,7 +670,7 @@ def single_process(dtype):
             "w2": second.weight.grad, "b2": second.bias.grad}
 
 
-exact, single = single_process(torch.float64), single_process(torch.float32)
+exact, single = forked(single_process, torch.float64), forked(single_process, torch.float32)
 # 8 times the float32 layers' own distance from float64 (the ranks sum in another order),
 # and at least 8 float32 roundings of the largest value.
 tolerance = {k: 8 * float((single[k].double() - exact[k]).abs().max())

@@ -629,10 +629,13 @@ def _rank_task(name: str, runs: tuple):
         from .core import find
 
         reference = _ddp_run(rank, world_size)  # first: every rank reaches its collectives
+        # The trajectory to compare with, computed here rather than in the notebook's kernel:
+        # a backward there would stop ranks the lesson forks later, on a GPU machine.
+        expected = expectation(world_size) if rank == 0 else None
         cell_file = cell_filename(find(f"09b.{_IDS[name]}"))
         mine = [_learner_run(namespace, name, args, rank, world_size, cell_file)
                 for args in runs]
-        return {"reference": reference, "runs": mine}
+        return {"reference": reference, "runs": mine, "expected": expected}
     return rank_task
 
 
@@ -668,11 +671,18 @@ def trajectory(world_size: int, dtype: str) -> dict:
     return {"grads": grads, "weights": weights}
 
 
-def tolerances(world_size: int) -> dict:
+def expectation(world_size: int) -> dict:
+    """The exact (float64) trajectory and its per-step tolerances."""
+    exact = trajectory(world_size, "float64")
+    return {"exact": exact, "limits": tolerances(world_size, exact)}
+
+
+def tolerances(world_size: int, exact: Optional[dict] = None) -> dict:
     """Per step, for the gradients and for the weights: 8 times the float32 computation's
     own distance from the float64 one (a right answer sums the same gradients in another
     order: DDP divides before it sums), and at least 8 float32 steps of the largest value."""
-    exact, single = trajectory(world_size, "float64"), trajectory(world_size, "float32")
+    exact = exact or trajectory(world_size, "float64")
+    single = trajectory(world_size, "float32")
     return {kind: [max(8 * float((s - e).abs().max()), 8 * FLOAT32_UNIT * float(e.abs().max()))
                    for s, e in zip(single[kind], exact[kind])] for kind in ("grads", "weights")}
 
@@ -682,8 +692,8 @@ def tolerances(world_size: int) -> dict:
 
 def _judge(kind: str):
     def judge(ranks: List[dict]) -> tuple:
-        n = len(ranks)
-        exact, limits = trajectory(n, "float64"), tolerances(n)
+        n, expected = len(ranks), ranks[0]["expected"]
+        exact, limits = expected["exact"], expected["limits"]
         for result in ranks:
             sanity = _ddp_outside(result["reference"], exact, limits)
             if sanity:

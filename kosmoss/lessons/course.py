@@ -164,28 +164,31 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
     the notebook's (ipykernel's streams are zmq sockets of the parent), and dies with the
     kernel. Ranks that do not finish within ``timeout_s`` are a hang: the cell fails with
     every rank's stack (py-spy, as ``kosmoss stacks`` reads them) instead of waiting
-    forever."""
+    forever. Ranks whose backward fails because the kernel ran one first with a GPU visible
+    fail the cell with one line that says so (:mod:`.forks`)."""
     import torch.multiprocessing as mp
 
     from ..launch.ports import free_port
     from ..diagnose.stacks import stacks_text
+    from .forks import explaining_autograd_forks
 
-    context = mp.start_processes(_forked_rank, args=(os.getpid(), function, world_size,
-                                                      free_port(), *args),
-                                 nprocs=world_size, start_method="fork", join=False)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{world_size} ranks of {function.__name__} did not finish "
-                                   f"within {timeout_s:g} s; where they were:\n"
-                                   + stacks_text((p.pid for p in context.processes),
-                                                 native=True))
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=5)  # reaped: no zombie left in the kernel's table
+    with explaining_autograd_forks(f"on_ranks({function.__name__}, {world_size})"):
+        context = mp.start_processes(_forked_rank, args=(os.getpid(), function, world_size,
+                                                          free_port(), *args),
+                                     nprocs=world_size, start_method="fork", join=False)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{world_size} ranks of {function.__name__} did not "
+                                       f"finish within {timeout_s:g} s; where they were:\n"
+                                       + stacks_text((p.pid for p in context.processes),
+                                                     native=True))
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(timeout=5)  # reaped: no zombie left in the kernel's table
 
 
 @contextlib.contextmanager
@@ -200,14 +203,18 @@ def one_thread_per_forked_rank() -> Iterator[None]:
     (``lightning_fabric.utilities.distributed._set_num_threads_if_needed``): 1 on 2 cores,
     so CI never hangs, but 2 or more, and a hang, on any machine with 4 cores or more. So
     ``OMP_NUM_THREADS=1`` for the launcher and one thread in the kernel while it forks;
-    the kernel's own setting comes back afterwards."""
+    the kernel's own setting comes back afterwards. Ranks whose backward fails because the
+    kernel ran one first with a GPU visible fail with one line that says so (:mod:`.forks`)."""
     import torch
+
+    from .forks import explaining_autograd_forks
 
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)  # what the forked ranks inherit
     try:
-        yield
+        with explaining_autograd_forks("the notebook launcher (ddp_notebook)"):
+            yield
     finally:
         torch.set_num_threads(threads)
         if env is None:

@@ -185,3 +185,27 @@ def test_distributed_source_is_the_last_run_of_the_marked_cell():
     history = ["import torch", first, "print(1)", latest, "check(...)"]
     assert cell_source(exercise, {"In": history}) == latest
     assert cell_source(exercise, {"In": ["import torch"]}) is None
+
+
+def test_distributed_judges_run_no_backward_in_the_learners_kernel(distributed_catalogue,
+                                                                    monkeypatch):
+    """Judging runs in the notebook's kernel; a backward there, with a GPU visible, would stop
+    every rank the lesson forks afterwards (kosmoss.lessons.forks): the ranks compute what
+    needs autograd, the kernel only compares."""
+    import torch.autograd
+    import torch.autograd.graph
+
+    ran = []
+
+    def engine(*args, **kwargs):
+        ran.append(judging_now[0])
+        return real(*args, **kwargs)
+
+    real, judging_now = torch.autograd.graph._engine_run_backward, [None]
+    monkeypatch.setattr(torch.autograd.graph, "_engine_run_backward", engine)
+    monkeypatch.setattr(torch.autograd, "_engine_run_backward", engine)
+    for exercise in DISTRIBUTED:
+        for _, name, source, result in distributed_catalogue[exercise.id]:
+            judging_now[0] = exercise.id
+            judge_checked(exercise, result)
+    assert not ran, f"judges that ran a backward in this process: {sorted(set(ran))}"

@@ -5,6 +5,8 @@ there are executed with nbclient (this venv's python3 kernel), in a private KOSM
 shared by all lessons so each dataset is prepared once, with ``KOSMOSS_LESSON_QUICK=1``
 (lesson 4's experiment at half length; its verdict is still computed and asserted). Each
 exercise cell gets its reference solution and its checker cell must print ``correct``.
+Each kernel follows PyTorch's autograd rule of a GPU machine (autograd_as_on_a_gpu.py): after
+a backward in the kernel, ranks forked from it cannot run one — as on the GPU, not as here.
 The lessons assert their own claims, so a wrong number fails here. Cheap checks of their
 shape (what you will learn, time, exercises, a GPU note, no number — in digits, in words
 or as inline code — and no verdict stated in prose) run first.
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, run_script
+
+import autograd_as_on_a_gpu
 
 from kosmoss.lessons.course import LESSON_GLOB, QUICK_ENV
 
@@ -185,6 +189,35 @@ def lesson_folder(tmp_path_factory):
     return root / "work", home
 
 
+@pytest.fixture(scope="session")
+def gpu_autograd_ipython(tmp_path_factory):
+    """An IPYTHONDIR whose kernels follow a GPU machine's autograd-and-fork rule."""
+    return autograd_as_on_a_gpu.startup_folder(tmp_path_factory.mktemp("ipython"))
+
+
+def test_lesson_kernels_follow_the_gpu_autograd_rule(lesson_folder, gpu_autograd_ipython,
+                                                     monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    folder, home = lesson_folder
+    monkeypatch.setenv("KOSMOSS_HOME", str(home))
+    monkeypatch.setenv("IPYTHONDIR", str(gpu_autograd_ipython))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import torch\nfrom kosmoss.lessons import on_ranks\n"
+        "def backward(rank, world, port):\n"
+        "    torch.ones(2, requires_grad=True).sum().backward()\n"
+        "on_ranks(backward, 2)  # no backward in the kernel yet: the ranks run theirs\n"
+        "torch.ones(2, requires_grad=True).sum().backward()\n"
+        "try:\n    on_ranks(backward, 2)\n"
+        "except RuntimeError as err:\n    print(err)")])
+    NotebookClient(nb, kernel_name="python3", timeout=120,
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    printed = nb.cells[0].outputs[-1]["text"]
+    assert printed.startswith("on_ranks(backward, 2): a rank could not run a backward pass")
+    assert "pt_autograd_0" in printed
+
+
 def test_kernel_is_this_python(lesson_folder, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
@@ -201,12 +234,14 @@ def test_kernel_is_this_python(lesson_folder, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", LESSONS)
-def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, monkeypatch):
+def test_lesson_runs_top_to_bottom(name, lesson_folder, executed_folder, gpu_autograd_ipython,
+                                   monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
     folder, home = lesson_folder
     monkeypatch.setenv("KOSMOSS_HOME", str(home))
+    monkeypatch.setenv("IPYTHONDIR", str(gpu_autograd_ipython))
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     monkeypatch.setenv(QUICK_ENV, "1")
     notebook = nbformat.read(folder / name.replace(".py", ".ipynb"), as_version=4)
