@@ -43,7 +43,7 @@ from kosmoss.devices.cpus import cores_per_process
 from kosmoss.data.datamodule import FlattenedDataModule
 from kosmoss.data.loading import FlattenedDataset, RankBatchSampler
 from kosmoss.launch import free_port
-from kosmoss.lessons import one_thread_per_forked_rank, quiet_lightning, scratch_folder
+from kosmoss.lessons import forked, one_thread_per_forked_rank, quiet_lightning, scratch_folder
 from kosmoss.model import LitMLP
 from kosmoss.run.callbacks import parameter_checksum
 from kosmoss.scaling import plan
@@ -151,9 +151,8 @@ def ddp_gradient_by_hand(rank, world_size, port):
     dist.destroy_process_group()
 
 
-def whole_batch_gradients(_):
+def whole_batch_gradients():
     """One process, the whole batch: in float32, and exact (float64) to measure rounding."""
-    torch.set_num_threads(1)
     torch.manual_seed(0)  # the ranks' initial weights
     single = LitMLP(dataset.n_x, out_channels=dataset.n_y, stats=stats)
     loss_of(single, x_batch, y_batch).backward()
@@ -161,17 +160,13 @@ def whole_batch_gradients(_):
     exact_model.load_state_dict(single.state_dict())
     exact_model = exact_model.double()
     loss_of(exact_model, x_batch.double(), y_batch.double()).backward()
-    torch.save({"float32": [p.grad for p in single.parameters()],
-                "float64": [p.grad for p in exact_model.parameters()]},
-               scratch / "grads-whole-batch.pt")
+    return [p.grad for p in single.parameters()], [p.grad for p in exact_model.parameters()]
 
 
 # fork: the processes inherit the notebook's variables (the batch, the statistics).
 mp.start_processes(ddp_gradient_by_hand, args=(2, free_port()), nprocs=2, start_method="fork")
-mp.start_processes(whole_batch_gradients, nprocs=1, start_method="fork")  # the kernel: no backward
 ranks = [torch.load(scratch / f"grads-rank{r}.pt") for r in range(2)]
-whole = torch.load(scratch / "grads-whole-batch.pt")
-full, exact = whole["float32"], whole["float64"]
+full, exact = forked(whole_batch_gradients)  # one process more: the kernel runs no backward
 
 
 def farthest(grads, reference):

@@ -47,7 +47,7 @@ from kosmoss.devices.cpus import available_cores
 from kosmoss.data.loading import FlattenedDataset
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
-from kosmoss.lessons import quick, quiet_lightning
+from kosmoss.lessons import forked, quick, quiet_lightning
 from kosmoss.model import LitMLP, mlp
 from kosmoss.scaling import plan, warmup_factor
 
@@ -154,7 +154,6 @@ print("steps per run: " + ", ".join(f"k={k}: {SAMPLES // (k * BASE_BATCH)}" for 
 # %%
 def accumulation_versus_one_batch(k):
     """The largest gradient difference, and the largest gradient, of one seeded network."""
-    torch.set_num_threads(1)  # forked from the kernel: its OpenMP pool does not survive
     torch.manual_seed(0)
     net = mlp(lab.n_x, list(HIDDEN), lab.n_y)
     rows = torch.arange(k * BASE_BATCH)
@@ -170,8 +169,7 @@ def accumulation_versus_one_batch(k):
 # In a forked process, as every backward of this lesson: the runs below are forked from
 # the kernel, which must not run a backward itself (lesson 3 says why).
 k = 16
-with multiprocessing.get_context("fork").Pool(1) as pool:
-    difference, scale = pool.apply(accumulation_versus_one_batch, (k,))
+difference, scale = forked(accumulation_versus_one_batch, k)
 print(f"{k} accumulated micro-batches of {BASE_BATCH} vs one batch of {k * BASE_BATCH}: "
       f"largest difference {difference:.1e} (largest gradient {scale:.1e})")
 assert difference < 1e-5 * scale, "accumulation must reproduce the big batch's gradient"

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from kosmoss.bench import own_ddp
 from kosmoss.launch import hosts
-from kosmoss.lessons import on_ranks, quick, scratch_folder
+from kosmoss.lessons import forked, on_ranks, quick, scratch_folder
 from kosmoss.model import mlp
 
 scratch = scratch_folder("lesson09b-")
@@ -90,15 +90,14 @@ N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
 # run one in the ranks forked later: lesson 3).
 
 # %%
-import json
-
 BATCH = own_ddp.Setup().batch  # one rank's batch in the benchmark below
 torch.manual_seed(0)
 model = mlp(N_X, HIDDEN, N_Y)
 
 
-def gradient_order(rank, world_size, port):
-    """When each gradient is ready during one backward, written for the kernel to read."""
+def gradient_order():
+    """When each gradient is ready during one backward: the start, the end, and for each
+    gradient its name, when it was ready and its bytes."""
     names = {parameter: name for name, parameter in model.named_parameters()}
     x, y = torch.randn(BATCH, N_X), torch.randn(BATCH, N_Y)
     torch.nn.functional.mse_loss(model(x), y).backward()  # a first backward pays set-ups
@@ -110,14 +109,10 @@ def gradient_order(rank, world_size, port):
     loss = torch.nn.functional.mse_loss(model(x), y)
     started = time.perf_counter()
     loss.backward()
-    ended = time.perf_counter()
-    (scratch / "gradient-order.json").write_text(json.dumps(
-        {"started": started, "ended": ended, "ready": ready}))
+    return started, time.perf_counter(), ready
 
 
-on_ranks(gradient_order, 1)
-timed = json.loads((scratch / "gradient-order.json").read_text())
-started, ended, ready = timed["started"], timed["ended"], timed["ready"]
+started, ended, ready = forked(gradient_order)
 total_bytes = sum(nbytes for *_, nbytes in ready)
 print(f"backward: {(ended - started) * 1e3:.2f} ms; gradients in the order they were ready:")
 for name, at, nbytes in ready:

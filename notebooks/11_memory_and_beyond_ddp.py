@@ -36,7 +36,6 @@
 import copy
 import gc
 import json
-import multiprocessing
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from kosmoss.lessons import on_ranks, scratch_folder
+from kosmoss.lessons import forked, on_ranks, scratch_folder
 from kosmoss.model import mlp
 
 scratch = scratch_folder("lesson11-")
@@ -54,13 +53,6 @@ N_X, HIDDEN, N_Y = 4128, (100, 100, 100), 552
 def mib(nbytes):
     return f"{nbytes / 2**20:,.2f} MiB"
 
-
-def forked(function, *args):
-    """``function(*args)`` in a process forked from the kernel, its result sent back. The
-    kernel runs no backward itself: the ranks it forks later could not (lesson 3)."""
-    with multiprocessing.get_context("fork").Pool(
-            1, initializer=torch.set_num_threads, initargs=(1,)) as pool:  # one OpenMP thread
-        return pool.apply(function, args)
 
 
 # %% [markdown]

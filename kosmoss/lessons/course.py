@@ -191,6 +191,28 @@ def on_ranks(function: Callable, world_size: int, *args, timeout_s: float = 180)
                 process.join(timeout=5)  # reaped: no zombie left in the kernel's table
 
 
+def forked(function: Callable, *args):
+    """``function(*args)`` in one process forked from the notebook's kernel, and its result
+    (pickled) back: the way a lesson runs a backward pass that must not run in the kernel
+    (after one there, a GPU machine's ranks forked later could not run theirs:
+    :mod:`.forks`). The process computes with one OpenMP thread, as a rank of
+    :func:`on_ranks` does; ``function`` is named by reference (a cell's function, not a
+    lambda)."""
+    import multiprocessing
+
+    from .forks import explaining_autograd_forks
+
+    with explaining_autograd_forks(f"forked({function.__name__})"):
+        with multiprocessing.get_context("fork").Pool(1, initializer=_one_thread) as pool:
+            return pool.apply(function, args)
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # the kernel's OpenMP pool does not survive a fork (lesson 3)
+
+
 @contextlib.contextmanager
 def one_thread_per_forked_rank() -> Iterator[None]:
     """Around a ``fit`` with Lightning's notebook launcher (``strategy="ddp_notebook"``,

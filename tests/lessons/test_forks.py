@@ -20,10 +20,15 @@ import torch.multiprocessing as mp
 sys.path.insert(0, {here!r})
 import autograd_as_on_a_gpu as rule
 rule.install()
-from kosmoss.lessons import on_ranks, one_thread_per_forked_rank
+from kosmoss.lessons import forked, on_ranks, one_thread_per_forked_rank
 from kosmoss.lessons.forks import autograd_device_threads
 
 folder, out = {folder!r}, {{}}
+
+def backward_value():
+    x = torch.ones(2, requires_grad=True)
+    x.sum().backward()
+    return x.grad.tolist()
 
 def backward_on_rank(rank, world_size, port):
     torch.ones(3, requires_grad=True).sum().backward()
@@ -33,6 +38,7 @@ def no_backward_on_rank(rank, world_size, port, tag="plain"):
     open(os.path.join(folder, f"{{tag}}{{rank}}"), "w").close()
 
 on_ranks(backward_on_rank, 3)  # no backward in this process yet: the ranks may run one
+out["forked_before"] = forked(backward_value)
 out["threads_before"] = autograd_device_threads()
 torch.ones(2, requires_grad=True).sum().backward()
 out["threads_after"] = autograd_device_threads()
@@ -49,6 +55,10 @@ try:
     on_ranks(backward_on_rank, 2)
 except RuntimeError as err:
     out["on_ranks_error"] = str(err)
+try:
+    forked(backward_value)
+except RuntimeError as err:
+    out["forked_error"] = str(err)
 omp, threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
 try:
     with one_thread_per_forked_rank():  # forking as Lightning's notebook launcher does
@@ -86,7 +96,9 @@ def test_ranks_forked_after_a_backward_with_a_gpu_fail_in_one_line(tmp_path):
     # run (four with on_ranks, two with the launcher), and no rank with a backward finished.
     assert out["ran"] == ["backward0", "backward1", "backward2", "launched0", "launched1",
                           "plain0", "plain1", "plain2", "plain3"], out
+    assert out["forked_before"] == [1.0, 1.0]
     for key, what in (("on_ranks_error", "on_ranks(backward_on_rank, 2)"),
+                      ("forked_error", "forked(backward_value)"),
                       ("launcher_error", "the notebook launcher (ddp_notebook)")):
         assert out[key].startswith(f"{what}: a rank could not run a backward pass"), out
         assert "pt_autograd_0" in out[key] and "Autograd-and-Fork" in out[key]

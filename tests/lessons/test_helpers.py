@@ -8,8 +8,8 @@ import psutil
 import pytest
 from helpers import REPO
 
-from kosmoss.lessons.course import (NOTEBOOK_COLUMNS, QUICK_ENV, on_ranks, quick, quiet_lightning,
-                                    script, sh, source_root)
+from kosmoss.lessons.course import (NOTEBOOK_COLUMNS, QUICK_ENV, forked, on_ranks, quick,
+                                    quiet_lightning, script, sh, source_root)
 
 
 def test_source_root_is_this_checkout():
@@ -120,3 +120,24 @@ def test_ranks_forked_by_lightnings_notebook_launcher_do_not_hang_on_many_cores(
     assert done.returncode == 0, done.stderr[-2000:]
     # The kernel's own threads and environment are back.
     assert "fit returned; threads 2 OMP_NUM_THREADS None" in done.stdout
+
+
+def _where_and_threads(base):
+    import os
+
+    import torch
+
+    return os.getpid(), torch.get_num_threads(), base ** 2
+
+
+def _fails():
+    raise ValueError("the function's own error")
+
+
+def test_forked_runs_a_function_in_another_process_and_returns_its_result():
+    import os
+
+    pid, threads, squared = forked(_where_and_threads, 12)
+    assert pid != os.getpid() and threads == 1 and squared == 144
+    with pytest.raises(ValueError, match="the function's own error"):
+        forked(_fails)
