@@ -886,9 +886,9 @@ def lessons(scratch, out_dir, *names):
     work.mkdir(parents=True)
     copy_lessons(work, bundle(source_root(), to_ipynb))
     ran = []
-    for lesson in lesson_sources():
-        if names and lesson.stem not in names:
-            continue
+    sources = {lesson.stem: lesson for lesson in lesson_sources()}
+    # In the order given: a short window runs the lessons that matter most first.
+    for lesson in [sources[name] for name in names] if names else sources.values():
         started = time.monotonic()
         print(f"running {lesson.stem} ...", flush=True)
         # Written before it runs: a call cut short names the lesson it was in.
@@ -911,7 +911,7 @@ def lesson_cells(notebook):
         outputs = cell.get("outputs", [])
         errors = [o for o in outputs if o.get("output_type") == "error"]
         if failed is None and errors:  # what it raised: the report says why, not only where
-            failed, error = index, f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:300]
+            failed, error = index, f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:600]
         text = " ".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                         for o in outputs)
         if any(mark in text for mark in CPU_MARKS):

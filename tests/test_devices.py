@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kosmoss.core.errors import UsageError
 from kosmoss.devices import policy as devices
@@ -122,3 +124,64 @@ def test_the_trainer_devices_come_from_the_policy():
     assert (picked.trainer_devices(1), picked.gpus_on_host) == ([2], 4)
     with pytest.raises(UsageError, match="^gpu_ids 0,5: CUDA id 5 does not exist"):
         decide(MachineGpu("offer"), use_gpu=True, gpu_count=2, gpu_ids=(0, 5))
+
+
+def test_ranks_outnumbering_the_gpus_take_them_in_turn():
+    one = decide(MachineGpu("offer"), use_gpu=True, gpu_count=1)
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    assert (one.rank_devices(2), one.trainer_devices(2)) == ([cuda[0]] * 2, [0])
+    two = decide(MachineGpu("offer"), use_gpu=True, gpu_count=2)
+    assert (two.rank_devices(3), two.trainer_devices(3)) == ([cuda[0], cuda[1], cuda[0]], [0, 1])
+    # Lightning's own mapping where it holds: one rank a GPU, the host's first ranks.
+    assert (two.rank_devices(2), two.trainer_devices(2)) == (None, 2)
+    # A second simulated node of `--gpus 1 --num-nodes 2`: its local rank 0 is the host's
+    # rank 1, on GPU 1 where there are two (Lightning alone put both nodes on GPU 0, and NCCL
+    # refuses a duplicate GPU), on GPU 0 where there is one.
+    assert (two.rank_devices(1, 1), two.trainer_devices(1, 1)) == ([cuda[1]], [1])
+    assert one.rank_devices(1, 1) == [cuda[0]]
+    # --gpu-ids and CPU runs keep their own mapping.
+    assert decide(MachineGpu("offer"), use_gpu=True, gpu_count=1, gpu_ids=(0,)).rank_devices(1, 1) is None
+    assert decide(MachineGpu("none"), use_gpu=True, gpu_count=1).rank_devices(4) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpus=st.integers(1, 8), per_node=st.integers(1, 8), nodes=st.integers(1, 4))
+def test_no_gpu_holds_more_ranks_than_its_memory_share_allows(gpus, per_node, nodes):
+    """Over every node of the host, each GPU holds at most 1 / memory_fraction ranks, and
+    one rank a GPU wherever the ranks are no more than the GPUs (NCCL's condition)."""
+    policy = decide(MachineGpu("offer"), use_gpu=True, gpu_count=gpus)
+    placed = []
+    for node in range(nodes):
+        mine = policy.rank_devices(per_node, node * per_node)
+        placed += [d.index for d in mine] if mine else list(range(per_node))
+    share = sharing(per_node * nodes, policy.gpus_on_host)
+    most = max(placed.count(gpu) for gpu in set(placed))
+    assert most <= round(1 / share.memory_fraction)
+    assert (most == 1) == (share.backend == "nccl")
+    assert all(0 <= gpu < gpus for gpu in placed)
+
+
+def test_lightning_takes_two_ranks_on_one_gpu(monkeypatch):
+    """The Trainer that build_trainer makes for `--gpus 2` on one GPU (CUDA's count
+    mocked, as Lightning's own tests do): devices=2 alone is refused."""
+    import lightning_fabric.accelerators.cuda as fabric_cuda
+    import pytorch_lightning as pl
+    import pytorch_lightning.accelerators.cuda as pl_cuda
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    from kosmoss.engines.ddp import DDPEngine
+
+    for module in (fabric_cuda, pl_cuda):
+        monkeypatch.setattr(module, "num_cuda_devices", lambda: 1)
+    policy = decide(MachineGpu("offer"), use_gpu=True, gpu_count=1)
+    share = sharing(2, policy.gpus_on_host)
+    with pytest.raises(MisconfigurationException, match="You requested gpu: \\[0, 1\\]"):
+        pl.Trainer(accelerator="gpu", devices=2, strategy=DDPEngine().strategy(share, 2, None),
+                   logger=False)
+    for local_rank in ("0", "1"):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        trainer = pl.Trainer(accelerator="gpu", devices=policy.trainer_devices(2),
+                             strategy=DDPEngine().strategy(share, 2, None, policy.rank_devices(2)),
+                             logger=False, enable_progress_bar=False)
+        assert (trainer.world_size, trainer.strategy.root_device) == (2, torch.device("cuda", 0))
+        assert trainer.strategy.process_group_backend == "gloo"

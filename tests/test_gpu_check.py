@@ -249,3 +249,27 @@ def test_kosmoss_at_the_top_is_set_against_the_ladders_last_rung(tmp_path):
                                "0.75") and "missed" in lines[1]
     assert lines[2] == ("- kosmoss bf16, fastest: 30.0 M samples/s, 30.0% of the limit "
                         "(target ≥ 20 M: met).")
+
+
+def test_the_lessons_step_runs_the_named_lessons_in_the_order_given(tmp_path, monkeypatch):
+    """A short window names the lessons that matter most first: they run first (the H200
+    window of 2026-11-28 ran them sorted, and the budget ended before the ones it named
+    first)."""
+    import nbformat
+
+    import kosmoss.lessons.course as course
+    import kosmoss.lessons.site as site
+
+    helper = helper_module(tmp_path)
+    ran = []
+    monkeypatch.setattr(course, "copy_lessons", lambda *args: None)
+    monkeypatch.setattr(course, "bundle", lambda *args: None)
+    monkeypatch.setattr(site, "execute_notebook",
+                        lambda path: ran.append(path.stem) or nbformat.v4.new_notebook())
+    monkeypatch.delenv("KOSMOSS_LESSON_QUICK", raising=False)  # the step sets it; restored
+    named = ["11_memory_and_beyond_ddp", "05_devices", "08b_saturating_one_gpu"]
+    assert helper.lessons(tmp_path, tmp_path, *named) == 0
+    assert ran == named
+    ran.clear()
+    assert helper.lessons(tmp_path, tmp_path) == 0
+    assert ran == sorted(ran) and len(ran) == len(course.lesson_sources())

@@ -76,14 +76,34 @@ class DevicePolicy:
             return 0
         return len(self.gpu_ids) if self.gpu_ids else self.visible
 
-    def trainer_devices(self, processes_per_node: int):
+    def trainer_devices(self, processes_per_node: int, first_on_host: int = 0):
         """Lightning's ``devices``: a list of CUDA ids pins local rank r to ids[r] (Lightning's
-        own mapping); a machine that picked one GPU gives it to its one process."""
+        own mapping); a machine that picked one GPU gives it to its one process. Where the
+        ranks share GPUs (:meth:`rank_devices`), the GPUs they use: Lightning checks that
+        each exists, and would refuse ``devices=2`` on a machine with one."""
+        shared = self.rank_devices(processes_per_node, first_on_host)
+        if shared:
+            return sorted({device.index for device in shared})
         if self.gpu and self.gpu_ids:
             return list(self.gpu_ids)
         if self.gpu and self.index and processes_per_node == 1:
             return [self.index]
         return processes_per_node
+
+    def rank_devices(self, processes_per_node: int, first_on_host: int = 0):
+        """Each local rank's CUDA device, for the strategy's ``parallel_devices``, where
+        Lightning's own mapping (local rank r on GPU r) does not hold: more ranks on this
+        host than GPUs, or a simulated node whose ranks are not the host's first
+        (``first_on_host``: the host's ranks before this node's). The host's rank h uses GPU
+        h mod GPUs, the round-robin :func:`sharing` counts. None where Lightning's holds."""
+        if not self.gpu or self.gpu_ids or not self.visible:
+            return None
+        if first_on_host == 0 and processes_per_node <= self.visible:
+            return None
+        import torch
+
+        return [torch.device("cuda", (first_on_host + rank) % self.visible)
+                for rank in range(processes_per_node)]
 
     @property
     def device(self) -> torch.device:

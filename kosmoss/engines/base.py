@@ -28,8 +28,10 @@ class Engine:
     def check_launch(self, launcher: str, ranks: int) -> None:
         """Raise a one-line error when ``launcher`` cannot start ``ranks`` of this engine."""
 
-    def strategy(self, share: Sharing, world_size: int, timeout: Optional[timedelta]):
-        """The Lightning strategy (or Lightning's name for one) for this run."""
+    def strategy(self, share: Sharing, world_size: int, timeout: Optional[timedelta],
+                 devices: Optional[list] = None):
+        """The Lightning strategy (or Lightning's name for one) for this run; ``devices``:
+        each local rank's device where they share GPUs (DevicePolicy.rank_devices)."""
         raise NotImplementedError
 
     def strategy_name(self, world_size: int) -> str:

@@ -39,12 +39,15 @@ class DDPEngine(Engine):
                               "run `trainup_gpu.py --strategy horovod` (DDP would train each "
                               "rank alone)")
 
-    def strategy(self, share: Sharing, world_size: int, timeout: Optional[timedelta]):
+    def strategy(self, share: Sharing, world_size: int, timeout: Optional[timedelta],
+                 devices: Optional[list] = None):
         if world_size == 1:
             return "auto"
         from pytorch_lightning.strategies import DDPStrategy
 
         options = {"timeout": timeout} if timeout else {}
+        if devices:  # ranks sharing a GPU: Lightning takes them as given, duplicates and all
+            options["parallel_devices"] = devices
         # Gradients live in DDP's all-reduce buckets: no copy of every gradient into them
         # and back each step (~2 MB a step for the course model), and no second copy in RAM.
         # Bucket size and static_graph stay torch's: on 2 CPU ranks neither changed the

@@ -394,8 +394,9 @@ class HorovodEngine(Engine):
                               f"run `horovodrun -np {ranks} --gloo python trainup_gpu.py "
                               "--strategy horovod ...`")
 
-    def strategy(self, share: Sharing, world_size: int, timeout=None):
-        return HorovodStrategy()  # also with one process: the run says what it would scale with
+    def strategy(self, share: Sharing, world_size: int, timeout=None, devices=None):
+        # Also with one process: the run says what it would scale with.
+        return HorovodStrategy(parallel_devices=devices)
 
     def strategy_name(self, world_size: int) -> str:
         return "horovod"

@@ -62,6 +62,12 @@ class Topology:
         # Simulated nodes all run on this host: their ranks share its cores and its GPUs.
         return self.devices_per_node * (self.num_nodes if self.launcher.simulated else 1)
 
+    @property
+    def first_rank_on_host(self) -> int:
+        """The host's ranks before this node's: a simulated node's GPUs follow the nodes
+        before it on the same host."""
+        return self.node_rank * self.devices_per_node if self.launcher.simulated else 0
+
 
 # How each external launcher says how many processes per node and how many nodes, for the
 # one contradiction check: (its word for the per-node count, its word for the nodes).

@@ -44,7 +44,9 @@ GPU_RECORDS = ("docs/gpu/2026-11-26-h200/results.json",
                "docs/gpu/2026-11-26-h200-followup/results.json",
                "docs/gpu/2026-11-26-h100/results.json",
                "docs/gpu/2026-11-26-h100-ladder/results.json",
-               "docs/gpu/2026-11-27-h200-ladder/results.json")
+               "docs/gpu/2026-11-27-h200-ladder/results.json",
+               "docs/gpu/2026-11-28-h200-top/results.json",
+               "docs/gpu/2026-11-28-h200-lessons/results.json")
 COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/debugging.md",
               "docs/cli.md", "docs/hosts.md", "docs/hosts/lost-host.json", "docs/gpu.md",
               "scripts/install_horovod.sh") + GPU_RECORDS
@@ -279,7 +281,10 @@ def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
         proc.wait()
         raise
     if check and proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(shown)}` exited with code {proc.returncode}")
+        # Its last line too: a report that keeps only the error (scripts/gpu_check.sh) says why.
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        raise RuntimeError(f"`{' '.join(shown)}` exited with code {proc.returncode}"
+                           + (f": {last}" if last else ""))
     return subprocess.CompletedProcess(shown, proc.returncode, "".join(lines), "")
 
 

@@ -12,8 +12,10 @@ is checked instead, so all of them decide the same at the same step with no coll
 
 - the weights after a step (DDP averages the gradients before every step: the replicas
   agree bit for bit, :class:`~.callbacks.ReplicaCheck`), every ``CHECK_EVERY_STEPS``
-  steps, on an epoch's last batch (before its validation and checkpoints) and at the
-  fit's last step. A weight that is NaN or inf stays so (an update adds to it or scales
+  steps, on the last batch of an epoch that a validation and its checkpoints end (not of
+  every epoch: on a GPU the check waits for the step, and with ``--val-every-n-epochs 100``
+  an epoch of one CUDA-graph replay then started on an idle GPU) and at the fit's last
+  step. A weight that is NaN or inf stays so (an update adds to it or scales
   it: inf - inf and inf x 0 are NaN, never a number again), so a later check still
   finds it. The check sums each parameter (:func:`weights_finite`): 55 µs for the 488,852
   parameters on 2 cores (2026-11-27, ``python -m timeit -s "from kosmoss.model import
@@ -95,7 +97,8 @@ class StopWhenDiverged(LeanCallback):
 
     def _due(self, trainer, step: int) -> bool:
         last_step = 0 <= trainer.max_steps <= step
-        return step >= self._next_check or last_step or private.on_last_batch(trainer)
+        return step >= self._next_check or last_step or (
+            private.on_last_batch(trainer) and saves_after_this_epoch(trainer))
 
     def _stop(self, trainer, step: int, what: str) -> None:
         self._found(step, what)
@@ -113,6 +116,17 @@ class StopWhenDiverged(LeanCallback):
         if self.found is None and bad:
             name, value = next(iter(bad.items()))
             self._found(step, f"the final {name} is {value}")
+
+
+def saves_after_this_epoch(trainer) -> bool:
+    """Whether a validation, a checkpoint or the fit's end follows this epoch: every epoch
+    validated (``--val-every-n-epochs``, Lightning's ``_should_check_val_epoch`` from public
+    attributes), every epoch without validation (ModelCheckpoint then saves at each epoch's
+    end), and the last of ``--max-epochs``."""
+    every, epoch = trainer.check_val_every_n_epoch, trainer.current_epoch
+    validates = every is None or (epoch + 1) % every == 0
+    last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch + 1
+    return validates or not trainer.enable_validation or last_epoch
 
 
 class Diverged(RunFailed):

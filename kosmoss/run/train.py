@@ -195,11 +195,13 @@ def build_trainer(plan: RunPlan, callbacks: list) -> pl.Trainer:
     external = topology.launcher.external and topology.launcher is not Launcher.HOROVODRUN
     environment = [cluster_environment(topology.launcher)] if external else None
     plugins = [AtomicCheckpointIO()] + (environment or [])
+    host = (topology.devices_per_node, topology.first_rank_on_host)
     return pl.Trainer(
         accelerator=plan.policy.accelerator,
-        devices=plan.policy.trainer_devices(topology.devices_per_node),
+        devices=plan.policy.trainer_devices(*host),
         num_nodes=topology.num_nodes,
-        strategy=plan.engine.strategy(plan.share, scaling.world_size, plan.collective_timeout),
+        strategy=plan.engine.strategy(plan.share, scaling.world_size, plan.collective_timeout,
+                                      plan.policy.rank_devices(*host)),
         max_epochs=config.max_epochs,
         max_steps=config.max_steps,
         check_val_every_n_epoch=config.val_every_n_epochs,

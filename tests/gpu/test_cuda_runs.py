@@ -44,6 +44,16 @@ def test_two_simulated_nodes_share_one_gpu_over_gloo(shared_home, tmp_path):
     assert result["replicas_identical"] and len(result["replica_checksums"]) == 2
 
 
+def test_more_ranks_than_gpus_take_them_in_turn_over_gloo(shared_home, tmp_path):
+    """`--gpus N+1` on N GPUs (lesson 5's `--gpus 2` on a one-GPU machine): Lightning alone
+    refuses `devices=N+1`; the ranks share the GPUs instead."""
+    ranks = torch.cuda.device_count() + 1
+    result, proc = _train(shared_home, tmp_path, "--gpus", str(ranks))
+    assert (result["world_size"], result["accelerator"], result["backend"]) == (ranks, "gpu", "gloo")
+    assert result["gpu_memory_fraction"] == 0.5
+    assert result["replicas_identical"] and len(result["replica_checksums"]) == ranks
+
+
 def test_gpu_ids_pick_the_device(shared_home, tmp_path):
     last = torch.cuda.device_count() - 1
     result, _ = _train(shared_home, tmp_path, "--gpu-ids", str(last))

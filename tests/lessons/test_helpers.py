@@ -31,8 +31,10 @@ def test_sh_shows_the_command_and_its_output(capsys):
 
 
 def test_sh_stops_the_lesson_when_a_step_fails(capsys):
-    with pytest.raises(RuntimeError, match="exited with code 3"):
+    with pytest.raises(RuntimeError, match="exited with code 3$"):
         sh([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match="exited with code 2: error: --gpus 2: no GPU$"):
+        sh([sys.executable, "-c", "print('error: --gpus 2: no GPU\\n'); raise SystemExit(2)"])
     assert sh([sys.executable, "-c", "raise SystemExit(3)"], check=False).returncode == 3
 
 

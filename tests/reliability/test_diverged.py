@@ -175,6 +175,30 @@ def test_a_validation_loss_that_is_no_number_stops_with_the_weights_of_before(
                                           "last.ckpt": (epoch, True)}
 
 
+@pytest.mark.parametrize("corrupt_at, max_epochs, found_at", [
+    (2, 4, 50),   # epoch 0 ends unvalidated at 26: no check there, the next at 50
+    (51, 2, 52),  # after the check at 50, inside the last epoch: checked at its end
+    (55, 4, 78),  # epoch 2 ends with a validation at 78: checked before it
+])
+def test_with_fewer_validations_the_epoch_ends_checked_are_those_that_save(
+        corrupt_at, max_epochs, found_at, shared_home, tmp_path, monkeypatch):
+    """--val-every-n-epochs 3: the weights are checked every 50 steps and at the end of an
+    epoch that a validation and its checkpoints follow, or that ends the fit; not at every
+    epoch's end (a wait for the GPU each epoch). Whatever ends the fit saves no NaN."""
+    tiny = shared_home / "data" / "tiny"
+    epoch = batches_per_epoch(tiny, 64)
+    assert epoch == 26  # the steps above are counted for this split
+    with pytest.raises(Diverged, match=rf"NaN or inf at step {found_at} "):
+        run_in_process(tmp_path, monkeypatch, stop=CorruptBatchAt(corrupt_at),
+                       dataset=str(tiny), batch_size=64, hidden=(16,), max_epochs=max_epochs,
+                       val_every_n_epochs=3)
+    result = strict_json(_the_run(tmp_path) / "result.json")
+    assert result["diverged"]["step"] == result["global_step"] == found_at
+    saved = _checkpoint_steps(_the_run(tmp_path))
+    assert all(finite for _, finite in saved.values()), saved
+    assert [p["step"] for p in result["val_curve"]] == ([78] if found_at > 78 else [])
+
+
 @pytest.mark.slow
 def test_simulated_nodes_say_the_divergence_once(shared_home, tmp_path):
     home = _home(tmp_path, shared_home)

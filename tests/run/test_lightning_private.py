@@ -177,6 +177,41 @@ def test_a_skipped_validation_is_that_epochs_only(random_dataset, tmp_path):
     assert validations.steps == [2 * epoch], _label(_entry("_skip_next_val"))
 
 
+@pytest.mark.parametrize("every, max_epochs", [(1, 3), (3, 7), (2, 4)])
+def test_the_epochs_the_divergence_check_ends_are_those_lightning_validates(
+        every, max_epochs, random_dataset):
+    """kosmoss.run.divergence.saves_after_this_epoch mirrors Lightning's choice of the epochs
+    it validates (and saves after), with the fit's last epoch added: a Lightning whose rule
+    changed would let NaN weights reach a checkpoint unchecked."""
+    from kosmoss.run.divergence import saves_after_this_epoch
+
+    class Said(pl.Callback):
+        def __init__(self):
+            self.epochs = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if private.on_last_batch(trainer) and saves_after_this_epoch(trainer):
+                self.epochs.append(trainer.current_epoch)
+
+    class Validated(pl.Callback):
+        def __init__(self):
+            self.epochs = []
+
+        def on_validation_start(self, trainer, pl_module):
+            self.epochs.append(trainer.current_epoch)
+
+    said, validated = Said(), Validated()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs,
+                         check_val_every_n_epoch=every, num_sanity_val_steps=0,
+                         callbacks=[said, validated], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False)
+    model = LitMLP(random_dataset.n_x, (4,), random_dataset.n_y)
+    trainer.fit(model, datamodule=RunDataModule(random_dataset, batch_size=64, seed=1))
+    assert validated.epochs == [e for e in range(max_epochs) if (e + 1) % every == 0]
+    assert said.epochs == sorted(set(validated.epochs) | {max_epochs - 1})
+
+
 def test_a_none_hook_is_skipped_by_lightnings_dispatcher(random_dataset):
     class Skipped(pl.Callback):
         on_train_batch_end = None
