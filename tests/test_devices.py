@@ -139,6 +139,9 @@ def test_ranks_outnumbering_the_gpus_take_them_in_turn():
     # refuses a duplicate GPU), on GPU 0 where there is one.
     assert (two.rank_devices(1, 1), two.trainer_devices(1, 1)) == ([cuda[1]], [1])
     assert one.rank_devices(1, 1) == [cuda[0]]
+    # A GPU the machine picked keeps the simulated node's one process, as before.
+    picked = decide(MachineGpu("offer", 1), use_gpu=True, gpu_count=2)
+    assert (picked.rank_devices(1, 1), picked.trainer_devices(1, 1)) == (None, [1])
     # --gpu-ids and CPU runs keep their own mapping.
     assert decide(MachineGpu("offer"), use_gpu=True, gpu_count=1, gpu_ids=(0,)).rank_devices(1, 1) is None
     assert decide(MachineGpu("none"), use_gpu=True, gpu_count=1).rank_devices(4) is None

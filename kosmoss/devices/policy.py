@@ -95,8 +95,9 @@ class DevicePolicy:
         Lightning's own mapping (local rank r on GPU r) does not hold: more ranks on this
         host than GPUs, or a simulated node whose ranks are not the host's first
         (``first_on_host``: the host's ranks before this node's). The host's rank h uses GPU
-        h mod GPUs, the round-robin :func:`sharing` counts. None where Lightning's holds."""
-        if not self.gpu or self.gpu_ids or not self.visible:
+        h mod GPUs, the round-robin :func:`sharing` counts. None where Lightning's holds, and
+        where the machine picked one GPU (``KOSMOSS_GPU_INDEX``): its ranks stay on it."""
+        if not self.gpu or self.gpu_ids or self.index or not self.visible:
             return None
         if first_on_host == 0 and processes_per_node <= self.visible:
             return None
