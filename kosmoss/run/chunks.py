@@ -27,6 +27,7 @@ from ..core.errors import ConfigError
 from ..data.loading import RankBatchSampler
 from ..engines.base import Engine
 from . import lightning_private as private
+from .host_reads import LaterRead
 from .lean import LeanLitMLP
 
 STEPS_PER_EXECUTION = 8  # 0.93 of the raw loop at 256 on 2 cores; 32 measured no better
@@ -149,6 +150,7 @@ class StepsInChunks(LeanLitMLP):
         self.automatic_optimization = False
         self.graphs = None  # a kosmoss.run.graphs.GraphedSteps, or None
         self.eager_chunks = 0  # chunks the graph could not take (graphs: how many it took)
+        self._rows: List[tuple] = []  # train_loss rows not yet written: (LaterRead, step, epoch)
 
     def logs_train_loss_now(self) -> bool:
         return False  # the chunk's loop logs train_loss itself, with the step it belongs to
@@ -184,6 +186,7 @@ class StepsInChunks(LeanLitMLP):
         # The loggers' step axis counts optimizer steps, as with one step a batch: Lightning
         # adds 1 to this count after each of its batches and logs validation at it.
         private.set_logged_steps(self.trainer, self.global_step - 1)
+        self.write_rows(wait=False)  # those whose values reached the host: the next chunk is queued
         return loss
 
     def _eager(self, chunk: Chunk, schedule):
@@ -226,7 +229,27 @@ class StepsInChunks(LeanLitMLP):
         pl.LightningModule.log(self, "train_loss", loss, prog_bar=self.shows_progress(),
                                logger=False, batch_size=batch_size)
         if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
-            row = {"train_loss": float(loss.detach()), "epoch": self.current_epoch}
+            self._rows.append((LaterRead(loss), step, self.current_epoch))
+
+    def write_rows(self, wait: bool = True) -> None:
+        """Writes the pending train_loss rows, in order: all of them (``wait``: before a
+        validation logs its own, a checkpoint or the fit's end), or those whose value is
+        on the host already (float(loss) at once waits for the chunk just queued on a GPU)."""
+        while self._rows and (wait or self._rows[0][0].ready()):
+            read, step, epoch = self._rows.pop(0)
+            row = {"train_loss": float(read.value()), "epoch": epoch}
             for logger in self.loggers:
                 logger.log_metrics(row, step=step)
                 logger.save()
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self.write_rows()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        self.write_rows()  # a resume from it keeps every row up to its step
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.write_rows()

@@ -15,7 +15,10 @@ is checked instead, so all of them decide the same at the same step with no coll
   steps, on the last batch of an epoch that a validation and its checkpoints end (not of
   every epoch: on a GPU the check waits for the step, and with ``--val-every-n-epochs 100``
   an epoch of one CUDA-graph replay then started on an idle GPU) and at the fit's last
-  step. A weight that is NaN or inf stays so (an update adds to it or scales
+  step. On a GPU the check every ``CHECK_EVERY_STEPS`` steps does not wait either: its sums
+  are copied to the host behind the step (:mod:`.host_reads`) and read at the next batch's
+  end, on every rank alike; the checks before a save, and before a stop signal's
+  checkpoint, wait. A weight that is NaN or inf stays so (an update adds to it or scales
   it: inf - inf and inf x 0 are NaN, never a number again), so a later check still
   finds it. The check sums each parameter (:func:`weights_finite`): 55 µs for the 488,852
   parameters on 2 cores (2026-11-27, ``python -m timeit -s "from kosmoss.model import
@@ -29,13 +32,14 @@ checkpoint is the last one whose weights were numbers.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Tuple
 
 import torch
 from pytorch_lightning.trainer.states import TrainerFn
 
 from ..core.errors import RunFailed
 from . import lightning_private as private
+from .host_reads import LaterRead
 from .lean import LeanCallback
 
 SLICE = 2**20  # elements looked at together when a sum is not finite: 1 MiB of booleans
@@ -49,11 +53,20 @@ def weights_finite(parameters: Iterable[torch.Tensor]) -> bool:
     (A float64 sum would be exact at once, but torch casts the whole tensor first: +400
     MiB at the peak for 64 M parameters.)"""
     tensors = [parameter.detach() for parameter in parameters]
-    sums = [tensor.sum().float() for tensor in tensors]
-    if not sums or bool(torch.isfinite(torch.stack(sums)).all()):
+    if sums_finite(parameter_sums(tensors)):
         return True
     return all(bool(torch.isfinite(part).all()) for tensor in tensors
                for part in tensor.reshape(-1).split(SLICE))
+
+
+def parameter_sums(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """One float32 sum per parameter, on the parameters' device (nothing waits for it)."""
+    sums = [parameter.detach().sum().float() for parameter in parameters]
+    return torch.stack(sums) if sums else torch.zeros(0)
+
+
+def sums_finite(sums: torch.Tensor) -> bool:
+    return bool(torch.isfinite(sums).all())
 
 
 class StopWhenDiverged(LeanCallback):
@@ -65,9 +78,12 @@ class StopWhenDiverged(LeanCallback):
         self.found: Optional[dict] = None
         self.finite_at_step: Optional[int] = None  # the newest check the weights passed
         self._next_check = every
+        self._pending: Optional[Tuple[LaterRead, int]] = None  # sums on their way, their step
+        self._fit: Optional[tuple] = None  # (trainer, module) of the fit under way
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Steps, not time: a resumed run checks at the same steps as the run it continues.
+        self._fit = (trainer, pl_module)
         step = trainer.global_step
         self._next_check = (step // self.every + 1) * self.every
         if weights_finite(pl_module.parameters()):
@@ -77,15 +93,46 @@ class StopWhenDiverged(LeanCallback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
+        if self.found is None and self._pending is not None:
+            self._settle(trainer, pl_module, step)  # one batch later on every rank alike
         if self.found is not None or not self._due(trainer, step):
             return
         self._next_check = (step // self.every + 1) * self.every
+        if self._saves_or_ends_next(trainer, step):
+            self._check_now(trainer, pl_module, step)
+            return
+        # Nothing is saved before the next batch's end: the sums are read there, when the
+        # GPU has long made them (the next batch, or chunk, is queued by then). Each rank
+        # reads at the same step as the others (not when its GPU is done): they stop together.
+        self._pending = (LaterRead(parameter_sums(pl_module.parameters())), step)
+        if self._pending[0].on_host:  # on the CPU they are there already: read them now
+            self._settle(trainer, pl_module, step)
+
+    def settled(self) -> bool:
+        """Whether the run diverged, the check still on its way decided first (a wait for
+        the GPU): what a save that no check precedes (a stop signal's) asks."""
+        if self.found is None and self._pending is not None and self._fit is not None:
+            trainer, pl_module = self._fit
+            self._settle(trainer, pl_module, trainer.global_step)
+        return self.found is not None
+
+    def _check_now(self, trainer, pl_module, step: int) -> None:
         if weights_finite(pl_module.parameters()):
             self.finite_at_step = step
             return
         self._stop(trainer, step, "the weights are NaN or inf")
         if private.on_last_batch(trainer):
             private.skip_next_validation(trainer)  # its loss would be NaN, its checkpoint too
+
+    def _settle(self, trainer, pl_module, step: int) -> None:
+        """The pending check's answer. Sums that are not finite may have overflowed: the
+        weights as they are now are then checked element by element, a stop at this step."""
+        read, checked_at = self._pending
+        self._pending = None
+        if sums_finite(read.value()):
+            self.finite_at_step = checked_at
+        else:
+            self._check_now(trainer, pl_module, step)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
@@ -96,9 +143,12 @@ class StopWhenDiverged(LeanCallback):
             self._stop(trainer, trainer.global_step, f"the validation loss is {float(loss)}")
 
     def _due(self, trainer, step: int) -> bool:
+        return step >= self._next_check or self._saves_or_ends_next(trainer, step)
+
+    @staticmethod
+    def _saves_or_ends_next(trainer, step: int) -> bool:
         last_step = 0 <= trainer.max_steps <= step
-        return step >= self._next_check or last_step or (
-            private.on_last_batch(trainer) and saves_after_this_epoch(trainer))
+        return last_step or (private.on_last_batch(trainer) and saves_after_this_epoch(trainer))
 
     def _stop(self, trainer, step: int, what: str) -> None:
         self._found(step, what)

@@ -38,11 +38,15 @@ class StopOnSignal(LeanCallback):
     batch, once the epoch has ended as in that run (its validation, its checkpoints)."""
 
     def __init__(self, checkpoint_dir: Path, *,
-                 halted: Callable[[], bool] = lambda: False) -> None:
+                 halted: Callable[[], bool] = lambda: False,
+                 diverged_before_save: Optional[Callable[[], bool]] = None) -> None:
         self.checkpoint = Path(checkpoint_dir) / CHECKPOINT
         # The run ended otherwise at this step (its weights are NaN: kosmoss.run.divergence):
         # nothing to stop, nothing worth saving. Every rank knows it at the same step.
         self.halted = halted
+        # The same, with a divergence check still on its way decided (a wait on a GPU): asked
+        # only before a save, so the steps without a signal never wait for the GPU.
+        self.diverged_before_save = diverged_before_save or halted
         self.received: Optional[int] = None
         self.stopped_by: Optional[str] = None
         self.stopped_at_step: Optional[int] = None
@@ -73,7 +77,7 @@ class StopOnSignal(LeanCallback):
             signum = self._agree(trainer, pl_module.device)
         else:
             return
-        if not signum:
+        if not signum or self.diverged_before_save():
             return
         self.stopped_by = signal.Signals(signum).name
         self.stopped_at_step = trainer.global_step
@@ -84,7 +88,7 @@ class StopOnSignal(LeanCallback):
         self._save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.stopped_by and not self.stopped_mid_epoch and not self.halted():
+        if self.stopped_by and not self.stopped_mid_epoch and not self.diverged_before_save():
             self._save(trainer)
 
     def _save(self, trainer) -> None:

@@ -112,3 +112,17 @@ def test_compile_with_graphs_learns(shared_home, tmp_path):
                        "--batch-size", "256", "--max-steps", "40")
     assert result["compile"] and result["cuda_graphs"]["replays"] >= 1
     assert result["val_loss"] < result["mean_baseline_loss"]
+
+
+def test_a_later_read_does_not_wait_for_the_gpu_and_reads_the_value_of_its_time():
+    """LaterRead (kosmoss.run.host_reads) behind a kernel still running: made at once, not
+    ready, then the value as it was when it was made, not as a later kernel left it."""
+    from kosmoss.run.host_reads import LaterRead
+
+    loss = torch.full((), 2.5, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued before the copy
+    read = LaterRead(loss * 2)
+    loss.fill_(7.0)  # queued after the copy: not what it reads
+    assert not read.on_host and not read.ready()
+    assert float(read.value()) == 5.0 and read.ready()

@@ -1,5 +1,6 @@
 """trainup_cpu.py, one of whose ranks trains on an inf batch at the step CORRUPT_STEP says
-(tests/reliability/corruption.py). Every rank Lightning starts runs this script too."""
+(tests/reliability/corruption.py); its host reads late as on a GPU where the environment
+asks (late_reads.py, through trainup_with). Every rank Lightning starts runs this script too."""
 import sys
 from pathlib import Path
 

@@ -66,8 +66,10 @@ def trainup_with(extra: Optional[pl.Callback]) -> int:
     """trainup_cpu.py's main with ``extra`` among the run's callbacks: the body of the
     scripts signal_at.py and corrupt_at.py."""
     import kosmoss.run.train as train_module
+    import late_reads
     import trainup_cpu
 
+    late_reads.from_environment()
     if extra is not None:
         build = train_module.build_trainer
         train_module.build_trainer = lambda plan, callbacks: build(plan, callbacks + [extra])
@@ -101,11 +103,16 @@ def run_in_process(home: Path, monkeypatch, *, stop: Optional[SignalAt] = None, 
 
 
 def run_script(home: Path, args: List[str], stop: Optional[SignalAt] = None,
-               timeout: float = 600) -> subprocess.CompletedProcess:
-    """trainup_cpu.py with its own home (through signal_at.py when ``stop`` is given)."""
+               timeout: float = 600, late_reads: bool = False) -> subprocess.CompletedProcess:
+    """trainup_cpu.py with its own home (through signal_at.py when ``stop`` is given; its
+    host reads late as on a GPU with ``late_reads``: late_reads.py)."""
+    from late_reads import LATE_READS_ENV
+
     env = {key: value for key, value in os.environ.items()
            if key not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "KOSMOSS_RUN_ID", "NODE_RANK")}
     env.update(KOSMOSS_HOME=str(home), PYTHONUNBUFFERED="1")
+    if late_reads:
+        env[LATE_READS_ENV] = "1"
     script = ["trainup_cpu.py"]
     if stop is not None:
         env.update({STOP_STEP_ENV: str(stop.step), STOP_SIGNAL_ENV: signal.Signals(stop.sig).name,

@@ -19,6 +19,7 @@ from corruption import CorruptBatchAt, environment
 from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from late_reads import LATE_READS_ENV, read_late
 from stops import batches_per_epoch, run_in_process
 
 from kosmoss.core.files import json_text
@@ -132,6 +133,30 @@ def test_an_inf_batch_on_the_last_rank_stops_every_rank_at_one_step(world, share
     assert states == ["failed"] * world, states
 
 
+@pytest.mark.slow
+def test_read_late_as_on_a_gpu_three_ranks_stop_together_one_batch_after_the_check(
+        shared_home, tmp_path):
+    """On a GPU the check between two saves is read at the next batch's end, not when each
+    rank's GPU is done: every rank stops at that one step (a rank ahead of the others would
+    leave them in the next all-reduce), and the NaN weights are saved nowhere."""
+    world, batch = 3, 60
+    home = _home(tmp_path, shared_home)
+    epoch = batches_per_epoch(shared_home / "data" / "tiny", batch, world_size=world)
+    found = _first_check_after(CORRUPT_AT + 1, epoch)
+    assert found == CHECK_EVERY_STEPS < 2 * epoch  # a check with no save after it: read late
+    done = _trainup(home, "--num-processes", str(world), "--batch-size", str(batch),
+                    "--max-epochs", "4", "--steps-per-execution", "1",
+                    "--collective-timeout", "60",
+                    env_extra={**environment(CORRUPT_AT, world - 1), LATE_READS_ENV: "1"})
+    line = _one_line(done)
+    assert f"at step {found + 1} (numbers at the check before, step {epoch})" in line, line
+    result = strict_json(_the_run(home) / "result.json")
+    assert result["diverged"]["step"] == result["global_step"] == found + 1
+    assert len(result["replica_checksums"]) == world and result["replicas_identical"]
+    assert _checkpoint_steps(_the_run(home)) == {f"epoch=0-step={epoch}.ckpt": (epoch, True),
+                                                 "last.ckpt": (epoch, True)}
+
+
 @pytest.mark.parametrize("k", [1, 8])
 def test_a_diverged_run_resumed_diverges_again_exactly(k, shared_home, tmp_path, monkeypatch):
     """In chunks of K = 8 the check comes at a chunk's end; the resume from the checkpoint
@@ -209,6 +234,25 @@ def test_simulated_nodes_say_the_divergence_once(shared_home, tmp_path):
     assert strict_json(_the_run(home) / "result.json")["diverged"]["step"] > 0
 
 
+@pytest.mark.parametrize("corrupt_at, max_epochs, found_at", [
+    (2, 4, 51),   # the check at 50 has no save after it: read at the next batch's end
+    (51, 2, 52),  # the last epoch's end: read at once, the fit ends there
+    (55, 4, 78),  # a validation follows: read at once, before it
+])
+def test_read_late_as_on_a_gpu_only_the_checks_between_saves_wait_a_batch(
+        corrupt_at, max_epochs, found_at, shared_home, tmp_path, monkeypatch):
+    tiny = shared_home / "data" / "tiny"
+    read_late(monkeypatch)
+    with pytest.raises(Diverged, match=rf"NaN or inf at step {found_at} "):
+        run_in_process(tmp_path, monkeypatch, stop=CorruptBatchAt(corrupt_at),
+                       dataset=str(tiny), batch_size=64, hidden=(16,), max_epochs=max_epochs,
+                       val_every_n_epochs=3, steps_per_execution=1)
+    result = strict_json(_the_run(tmp_path) / "result.json")
+    assert result["diverged"]["step"] == result["global_step"] == found_at
+    saved = _checkpoint_steps(_the_run(tmp_path))
+    assert all(finite for _, finite in saved.values()), saved
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1,
                 max_size=64),
@@ -246,15 +290,19 @@ def test_a_checkpoint_holding_nan_weights_is_not_trained_on(shared_home, tmp_pat
     assert strict_json(run_dir / "result.json")["global_step"] == 5
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["read at once", "read late"])
 def test_a_sigterm_at_the_step_that_finds_nan_weights_saves_none_of_them(
-        shared_home, tmp_path, monkeypatch):
+        late, shared_home, tmp_path, monkeypatch):
     """The stop and the divergence at one step: the divergence wins (exit 1, no
-    preempted.ckpt of NaN weights), the checkpoint before it stays the newest."""
+    preempted.ckpt of NaN weights), the checkpoint before it stays the newest. Read late
+    (a GPU's), the check is decided before the stop's checkpoint, not a batch later."""
     import signal
 
     import kosmoss.run.train as train_module
     from stops import SignalAt
 
+    if late:
+        read_late(monkeypatch)
     tiny = shared_home / "data" / "tiny"
     epoch = batches_per_epoch(tiny, 64)
     build = train_module.build_trainer

@@ -7,10 +7,13 @@ run), SIGKILL (trainup_cpu.py, resumed from the newest checkpoint on disk)."""
 from __future__ import annotations
 
 import signal
+from csv import DictReader
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from late_reads import read_late
 from stops import Finished, SignalAt, batches_per_epoch, compare, run_in_process, run_script
 
 BATCH, HIDDEN = 64, (16,)
@@ -106,6 +109,51 @@ def test_two_stops_in_a_row_resume_exactly(tmp_path, monkeypatch, tiny, epoch, s
     assert compare(Finished.of(last["run_dir"]), straight[8]) is None
 
 
+@pytest.mark.parametrize("at, sig", [((1, 3), USR1), ((2, -1), TERM)],
+                         ids=["inside a chunk", "epoch end"])
+def test_rows_read_late_as_on_a_gpu_are_all_written_in_order(at, sig, tmp_path, monkeypatch,
+                                                              tiny, epoch, straight):
+    """On a GPU a train_loss row waits for its value until a validation, a checkpoint or the
+    fit's end needs it (here: every row waits so): the run, and a stop and its resume,
+    write the rows of the run whose rows were written at once."""
+    read_late(monkeypatch)
+    flags = _flags(tiny, epoch, 8)
+    late = run_in_process(tmp_path / "straight", monkeypatch, **flags)
+    assert compare(Finished.of(late["run_dir"]), straight[8]) is None
+    step = at[0] * epoch + at[1]
+    expected = expected_stop(step, epoch, 8, flags["max_steps"])
+    resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig),
+                               expected)
+    assert compare(resumed, straight[8]) is None, compare(resumed, straight[8])
+
+
+def test_rows_read_late_are_on_disk_before_each_checkpoint(tmp_path, monkeypatch, tiny, epoch):
+    """What a SIGKILL after a checkpoint leaves: every train_loss row of the steps before it
+    (the checkpoints after a validation, last.ckpt, a stop signal's inside an epoch)."""
+    import pytorch_lightning as pl
+
+    read_late(monkeypatch)
+    saved, save = [], pl.Trainer.save_checkpoint
+
+    def save_and_look(trainer, filepath, *args, **kwargs):
+        save(trainer, filepath, *args, **kwargs)
+        (csv,) = (tmp_path / "runs").glob("*/csv/metrics.csv")
+        with open(csv, newline="") as handle:
+            steps = {row["step"] for row in DictReader(handle) if row["train_loss"]}
+        every = trainer.log_every_n_steps
+        saved.append((Path(filepath).name, steps == {str(step) for step in
+                                                      range(trainer.global_step)
+                                                      if (step + 1) % every == 0}))
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", save_and_look)
+    # Stopped at 102, after the row of step 99 and before the validation at 104.
+    run_in_process(tmp_path, monkeypatch, stop=SignalAt(4 * epoch - 4, TERM),
+                   **_flags(tiny, epoch, 8))
+    assert [name for name, _ in saved][-3:] == ["epoch=2-step=78.ckpt", "last.ckpt",
+                                                "preempted.ckpt"], saved
+    assert all(complete for _, complete in saved), saved
+
+
 def test_k_changes_nothing_a_run_records(straight):
     assert compare(straight[8], straight[1]) is None
 
@@ -125,22 +173,26 @@ def test_a_stop_at_any_step_with_any_k_resumes_exactly(step, k, sig, tmp_path_fa
 
 
 # SIGKILL: the process ends where it is; --resume takes the newest checkpoint on disk.
+# Read late (as on a GPU): the rows not yet written when it is killed are those after the
+# newest checkpoint, which saves the rows before it.
 KILLS = [
-    ("during a validation", 1, (3, 0), "val", (2, 0)),
-    ("inside a chunk", 8, (4, 3), "train", (4, 0)),
+    ("during a validation", 1, (3, 0), "val", (2, 0), False),
+    ("inside a chunk", 8, (4, 3), "train", (4, 0), False),
+    ("inside a chunk, read late", 8, (4, 3), "train", (4, 0), True),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,k,at,where,checkpoint", KILLS,
+@pytest.mark.parametrize("name,k,at,where,checkpoint,late", KILLS,
                          ids=[f"{s[0]}-k{s[1]}" for s in KILLS])
-def test_sigkill_resumes_exactly_from_the_newest_checkpoint(name, k, at, where, checkpoint,
+def test_sigkill_resumes_exactly_from_the_newest_checkpoint(name, k, at, where, checkpoint, late,
                                                             tmp_path, tiny, epoch, straight):
     home, flags = tmp_path / "home", _flags(tiny, epoch, k)
     args = ["--dataset", str(tiny), "--batch-size", str(BATCH), "--hidden", *map(str, HIDDEN),
             "--max-epochs", "100", "--max-steps", str(flags["max_steps"]),
             "--steps-per-execution", str(k)]
-    killed = run_script(home, args, SignalAt(at[0] * epoch + at[1], KILL, where))
+    killed = run_script(home, args, SignalAt(at[0] * epoch + at[1], KILL, where),
+                        late_reads=late)
     assert killed.returncode == -KILL, killed.stderr[-3000:]
     (run_dir,) = (home / "runs").iterdir()
     resumed = run_script(home, ["--resume", run_dir.name])

@@ -147,7 +147,7 @@ class SlowFirstStep(StepsInChunks):
         return super()._common_step(batch, stage)
 
 
-CAPTURE_S = 2.0  # far above 29 tiny steps, even on a CI machine running other tests
+CAPTURE_S = 2.0  # 29 tiny steps take tens of ms here, 1.7 s once on a loaded machine
 
 
 @pytest.mark.parametrize("slow", ["capture", "first step"])
@@ -161,14 +161,18 @@ def test_the_step_clock_leaves_out_the_capture_and_the_compilation(random_datase
     meter = ThroughputMeter()
     graph, model = (SlowCapture, StepsInChunks) if slow == "capture" else \
         (graphs.EagerGraph, SlowFirstStep)
+    started = time.perf_counter()
     _, graphed, _ = _fit(random_dataset, tmp_path, graph=graph, model_class=model,
                          extra=[meter])
+    fit_s = time.perf_counter() - started
     assert graphed.graphs.replays >= 3
     if slow == "capture":
         assert graphed.graphs.capture_s >= CAPTURE_S
         assert graphs.GraphsOnTheDevice.report(graphed)["capture_s"] >= CAPTURE_S
     assert meter.clock.steps == 30 - 1  # every step but the first
-    assert 0 < meter.clock.elapsed < CAPTURE_S / 2, meter.clock.elapsed
+    # The slow 2 s lie outside the clock's time, however slow a loaded machine makes the
+    # steps: counted, the clock would hold them and the steps, the fit them once more.
+    assert 0 < meter.clock.elapsed <= fit_s - CAPTURE_S, (meter.clock.elapsed, fit_s)
 
 
 class CountCompiled(pl.Callback):
