@@ -78,7 +78,9 @@ if live:
 #
 # A ring all-reduce of two ranks sends each rank's share of the buffer each way, twice: the *bus
 # bandwidth* (lesson 9) of a ring on a shaped link should come out at the rate set, less
-# the TCP and Ethernet headers.
+# the TCP and Ethernet headers. On a small busy machine the fast link's fit can come out
+# lower: the ranks' own copies and sums, and the kernel's work for each packet, then take a
+# share of each byte's time (the cell allows for it, and prints the share it measured).
 
 # %%
 # Quick: two sizes a rate, each taking tens of milliseconds on its link, so that a
@@ -94,11 +96,15 @@ if live:
            env=env)
         fit = json.loads((out / "comm.json").read_text())["groups"]["world"]["fit"]
         measured_links[rate] = fit["link_bandwidth_Bps"]
+    # The slow link bounds its transfers; at 1gbit the host's per-byte work counts too (81 %
+    # of the rate once, in a CI run on 2 cores of 2026-11-28). Above the rate, or far below
+    # it, the shaping itself would be wrong.
+    lowest = {"1gbit": 0.7, "100mbit": 0.85}
     for rate, bandwidth in measured_links.items():
         set_rate = hosts.parse_rate(rate, "--link-rate") / 8
         print(f"{rate}: fitted {bandwidth / 1e6:.1f} MB/s, set {set_rate / 1e6:.1f} MB/s "
               f"({bandwidth / set_rate:.0%} of it)")
-        assert 0.85 < bandwidth / set_rate < 1.15
+        assert lowest[rate] < bandwidth / set_rate < 1.15
 
 # %% [markdown]
 # ## The same DDP run at three link rates
