@@ -79,11 +79,11 @@ class StopWhenDiverged(LeanCallback):
         self.finite_at_step: Optional[int] = None  # the newest check the weights passed
         self._next_check = every
         self._pending: Optional[Tuple[LaterRead, int]] = None  # sums on their way, their step
-        self._fit: Optional[tuple] = None  # (trainer, module) of the fit under way
+        self._trainer = None  # of the fit under way: its lightning_module is the model
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Steps, not time: a resumed run checks at the same steps as the run it continues.
-        self._fit = (trainer, pl_module)
+        self._trainer = trainer
         step = trainer.global_step
         self._next_check = (step // self.every + 1) * self.every
         if weights_finite(pl_module.parameters()):
@@ -108,12 +108,12 @@ class StopWhenDiverged(LeanCallback):
         if self._pending[0].on_host:  # on the CPU they are there already: read them now
             self._settle(trainer, pl_module, step)
 
-    def settled(self) -> bool:
+    def diverged_once_settled(self) -> bool:
         """Whether the run diverged, the check still on its way decided first (a wait for
         the GPU): what a save that no check precedes (a stop signal's) asks."""
-        if self.found is None and self._pending is not None and self._fit is not None:
-            trainer, pl_module = self._fit
-            self._settle(trainer, pl_module, trainer.global_step)
+        if self.found is None and self._pending is not None:
+            trainer = self._trainer
+            self._settle(trainer, trainer.lightning_module, trainer.global_step)
         return self.found is not None
 
     def _check_now(self, trainer, pl_module, step: int) -> None:

@@ -92,7 +92,7 @@ def train(plan: RunPlan) -> Outcome:
     divergence = StopWhenDiverged()
     stopper = StopOnSignal(plan.run_dir / "checkpoints",
                            halted=lambda: divergence.found is not None,
-                           diverged_before_save=divergence.settled)
+                           diverged_before_save=divergence.diverged_once_settled)
     # DeadRankNamed first: its one line must be decided before other hooks run on a failure;
     # divergence before the stop: NaN weights are never saved as a preemption's checkpoint.
     # All LeanCallbacks: Lightning calls only the per-batch hooks each one defines.
