@@ -37,6 +37,7 @@ from pathlib import Path
 
 from kosmoss.launch import hosts
 from kosmoss.lessons import quick, scratch_folder, script, sh
+from kosmoss.scaling import allreduce
 
 scratch = scratch_folder("lesson12-")
 home = scratch / "home"
@@ -92,10 +93,15 @@ if live:
     for rate, sizes in SIZES.items():
         out = scratch / f"comm-{rate}"
         sh([sys.executable, "-m", "kosmoss", "comm", "--ranks", "2", "--nodes", "2", "--hosts",
-            "netns", "--link-rate", rate, "--sizes", *sizes, "--repeats", "3", "--out", out],
+            "netns", "--link-rate", rate, "--sizes", *sizes, "--repeats", "5", "--out", out],
            env=env)
-        fit = json.loads((out / "comm.json").read_text())["groups"]["world"]["fit"]
-        measured_links[rate] = fit["link_bandwidth_Bps"]
+        rows = json.loads((out / "comm.json").read_text())["groups"]["world"]["rows"]
+        # Other work on the machine only ever adds time: the fastest of five repeats of a
+        # size is the closest to the link alone (the median of three still moved the fit by
+        # a third in a CI run on 2 cores, 2026-11-28).
+        fastest = allreduce.fit_alpha_beta([row["bytes"] for row in rows],
+                                           [row["min_time_s"] for row in rows], ranks=2)
+        measured_links[rate] = allreduce.link_from_fit(fastest)["bandwidth_Bps"]
     # The slow link bounds its transfers; at 1gbit the host's per-byte work counts too (81 %
     # of the rate once, in a CI run on 2 cores of 2026-11-28). Above the rate, or far below
     # it, the shaping itself would be wrong.
@@ -104,7 +110,7 @@ if live:
         set_rate = hosts.parse_rate(rate, "--link-rate") / 8
         print(f"{rate}: fitted {bandwidth / 1e6:.1f} MB/s, set {set_rate / 1e6:.1f} MB/s "
               f"({bandwidth / set_rate:.0%} of it)")
-        assert lowest[rate] < bandwidth / set_rate < 1.15
+        assert lowest[rate] < bandwidth / set_rate < 1.15, f"{rate}: {bandwidth / set_rate:.0%}"
 
 # %% [markdown]
 # ## The same DDP run at three link rates

@@ -79,11 +79,11 @@ class StopWhenDiverged(LeanCallback):
         self.finite_at_step: Optional[int] = None  # the newest check the weights passed
         self._next_check = every
         self._pending: Optional[Tuple[LaterRead, int]] = None  # sums on their way, their step
-        self._trainer = None  # of the fit under way: its lightning_module is the model
+        self._fit_trainer = None  # of the fit under way: its lightning_module is the model
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Steps, not time: a resumed run checks at the same steps as the run it continues.
-        self._trainer = trainer
+        self._fit_trainer = trainer
         step = trainer.global_step
         self._next_check = (step // self.every + 1) * self.every
         if weights_finite(pl_module.parameters()):
@@ -112,7 +112,7 @@ class StopWhenDiverged(LeanCallback):
         """Whether the run diverged, the check still on its way decided first (a wait for
         the GPU): what a save that no check precedes (a stop signal's) asks."""
         if self.found is None and self._pending is not None:
-            trainer = self._trainer
+            trainer = self._fit_trainer
             self._settle(trainer, trainer.lightning_module, trainer.global_step)
         return self.found is not None
 

@@ -202,6 +202,9 @@ class DeadRankNamed(LeanCallback):
             worker = dead_worker(workers)
             dead = None if worker or not peers else dead_child(trainer)
             peer = None if worker or dead or not peers else ended_peer(self.run_dir)
+            if peer is not None and peer.get("state") == records.RUNNING:
+                # A child that died between the two looks: its exit status names the signal.
+                dead = dead_child(trainer)
             if worker or dead or peer is not None or time.monotonic() > deadline:
                 return worker, dead, peer
             time.sleep(0.1)

@@ -58,3 +58,30 @@ def test_a_live_worker_is_not_blamed(tmp_path, worker):
     trainer = SimpleNamespace(world_size=1, global_step=7)
     faults.DeadRankNamed(tmp_path).on_exception(trainer, None, RuntimeError("this rank's own"))
     assert worker.poll() is None  # looked for WAIT_FOR_THE_DEAD_S, found alive, no line
+
+
+def test_a_local_rank_that_dies_between_the_two_looks_is_named_by_its_signal(tmp_path,
+                                                                            monkeypatch):
+    """The spawned rank is alive when its exit status is polled and dead when the records
+    are read (a race seen in CI, 2026-11-28): the line names the signal, not "died"."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    record = {"state": records.RUNNING, "pid": child.pid, "spawned": True, "node_rank": 0,
+              "local_rank": 1}
+
+    def dies_while_read(run_dir):
+        child.kill()
+        child.wait()  # reaped here: poll() then gives its status without a wait
+        return record
+
+    monkeypatch.setattr(faults, "my_workers", lambda run_dir: [])
+    monkeypatch.setattr(faults, "ended_peer", dies_while_read)
+    monkeypatch.setattr(faults.private, "spawned_ranks", lambda trainer: [child])
+    trainer = SimpleNamespace(world_size=2, global_step=26, node_rank=0, num_devices=2)
+    try:
+        with pytest.raises(RunFailed) as failed:
+            faults.DeadRankNamed(tmp_path).on_exception(trainer, None, RuntimeError("gloo"))
+    finally:
+        child.kill()
+        child.wait()
+    assert str(failed.value).startswith(f"rank 1 (pid {child.pid}) was killed by SIGKILL; "
+                                        "this rank stopped at step 26")
