@@ -18,7 +18,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse prints the whole usage block before an error; users get one line."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+        _say(f"{self.prog}: error: {message} (see --help)")  # once a node, as run_command's
+        self.exit(EXIT_USAGE)
 
 
 def run_command(prog: str, command: Callable[[], object],
@@ -84,14 +85,47 @@ LAUNCHED_RANKS = (("LOCAL_RANK", "TORCHELASTIC_RUN_ID"), ("SLURM_LOCALID", "SLUR
                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK"))
 
 
+SPEAKER_WAIT_S = 20.0  # the rank that speaks checks the same input: seconds behind at most
+
+
 def _say(line: str) -> None:
-    if not _another_rank_on_this_node_speaks():
-        print(line, file=sys.stderr)
+    if not _rank_that_stays_silent(os.environ) or not _the_rank_that_speaks_ended():
+        print(line, file=sys.stderr)  # ... or this rank alone found it: nobody else would say it
 
 
-def _another_rank_on_this_node_speaks() -> bool:
-    return any(os.environ.get(local, "0").strip() not in ("0", "") and marker in os.environ
+def _rank_that_stays_silent(environment: Mapping[str, str]) -> bool:
+    return any(environment.get(local, "0").strip() not in ("0", "") and marker in environment
                for local, marker in LAUNCHED_RANKS)
+
+
+def _rank_that_speaks(environment: Mapping[str, str]) -> bool:
+    return any(environment.get(local, "0").strip() in ("0", "") and marker in environment
+               for local, marker in LAUNCHED_RANKS)
+
+
+def _the_rank_that_speaks_ended() -> bool:
+    """torchrun and srun end every rank of a node once one exits: a silent rank that exits
+    first can have the rank that would say the line killed before it does (seen in CI,
+    2026-11-28). So it exits after that rank, a sibling under the same launcher. False when
+    that rank still runs after SPEAKER_WAIT_S: it did not find what this rank found."""
+    import psutil  # here: a command that never fails this way does not pay for it
+
+    speakers = []
+    try:
+        siblings = psutil.Process().parent().children()
+    except (psutil.Error, AttributeError):  # no parent left to ask
+        return True
+    for sibling in siblings:
+        try:
+            if sibling.pid != os.getpid() and _rank_that_speaks(sibling.environ()):
+                speakers.append(sibling)
+        except psutil.Error:  # ended already, or not ours to read
+            continue
+    if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+        for name in (signal.SIGINT, signal.SIGTERM):  # the launcher ending it: end, silently
+            signal.signal(name, signal.SIG_DFL)
+    _, running = psutil.wait_procs(speakers, timeout=SPEAKER_WAIT_S)
+    return not running
 
 
 def command_main(prog: str, description: str, add_arguments: Callable, argv=None) -> int:
