@@ -82,8 +82,8 @@ if live:
 # the TCP and Ethernet headers. On a small busy machine the fast link's fit can come out
 # lower: the ranks' own copies and sums, and the kernel's work for each packet, then take a
 # share of each byte's time (the cell allows for it, and prints the share it measured).
-# Each size runs five times and the fit takes each size's fastest: other programs on the
-# machine can only add time to a transfer, never take it away.
+# Each size runs several times and the fit takes each size's fastest: other programs on
+# the machine can only add time to a transfer, never take it away.
 
 # %%
 # Quick: two sizes a rate, each taking tens of milliseconds on its link, so that a
