@@ -76,3 +76,13 @@ def test_what_only_a_silent_rank_finds_it_says_itself_once_the_wait_is_over():
     ended = _launch("rank-1-only", 2, speaker_late_s=0, SPEAKER_WAIT_S="1")
     assert ended[1] == (2, "rank.py: error: --max-epochs 0: must be >= 1\n"), ended
     assert ended[0] == (-signal.SIGTERM, ""), ended  # ended by the launcher, as torchrun does
+
+
+def test_under_torchrun_inside_srun_only_local_rank_0_speaks():
+    from kosmoss.core.commandline import _rank_that_speaks, _rank_that_stays_silent
+
+    srun_task = {"SLURM_LOCALID": "0", "SLURM_PROCID": "0", "TORCHELASTIC_RUN_ID": "x"}
+    ranks = [{**srun_task, "LOCAL_RANK": str(i)} for i in range(3)]
+    assert [_rank_that_speaks(env) for env in ranks] == [True, False, False]
+    assert [_rank_that_stays_silent(env) for env in ranks] == [False, True, True]
+    assert not _rank_that_speaks({})  # a process no launcher started waits for nobody

@@ -99,8 +99,9 @@ def _rank_that_stays_silent(environment: Mapping[str, str]) -> bool:
 
 
 def _rank_that_speaks(environment: Mapping[str, str]) -> bool:
-    return any(environment.get(local, "0").strip() in ("0", "") and marker in environment
-               for local, marker in LAUNCHED_RANKS)
+    # Not "some local rank is 0": torchrun inside an srun task has SLURM_LOCALID 0 on all.
+    return (any(marker in environment for _, marker in LAUNCHED_RANKS)
+            and not _rank_that_stays_silent(environment))
 
 
 def _the_rank_that_speaks_ended() -> bool:
