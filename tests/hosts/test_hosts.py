@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from helpers import REPO
 from host_helpers import in_host, namespaces_of, needs_hosts, remove_set
 from kosmoss.core.errors import UsageError
+from kosmoss.devices.cpus import cores_per_process
 from kosmoss.launch import host_slurm, hosts
 
 
@@ -235,6 +236,9 @@ def test_the_hosts_command_up_exec_status_down(tmp_path):
         assert made["rate"] == "1gbit" and len(made["hosts"]) == 2
         assert made["torchrun"][1].startswith(f"ip netns exec {made['hosts'][1]['namespace']} "
                                               "env GLOO_SOCKET_IFNAME=kosmoss0")
+        # the hosts share this machine's cores: each rank its share, as a simulated node's
+        share = f"OMP_NUM_THREADS={cores_per_process(2)} torchrun"
+        assert all(share in line for line in made["torchrun"]), made["torchrun"]
         assert "--node-rank 1 --rdzv-backend c10d --rdzv-endpoint " \
                f"{made['hosts'][0]['address']}:29400" in made["torchrun"][1]
         shown = kosmoss("exec", "--set", made["set_id"], "1", "--", "sh", "-c",
