@@ -9,6 +9,7 @@ from typing import Callable, List, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..devices.memory import peak_host_rss_mib
@@ -63,11 +64,23 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
 
 class LogsWithCheckpoints(LeanCallback):
     """The loggers write their rows before every checkpoint: a run killed after one resumes
-    from it with every row up to it on disk (the CSV logger writes every 100 steps)."""
+    from it with every row up to it on disk (the CSV logger writes every 100 steps). A fit
+    that an exception ends writes the rows still waiting for a GPU's values first."""
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         for logger in trainer.loggers:
             logger.save()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning's loggers close the failed run after the callbacks' on_exception; the
+        # rows a GPU has not handed back (kosmoss.run.chunks) are only in pl_module till then.
+        write_rows = getattr(pl_module, "write_rows", None)
+        if write_rows is None:
+            return
+        try:
+            write_rows()
+        except RuntimeError as error:  # a failed GPU cannot hand its values back: say so
+            rank_zero_warn(f"train_loss rows not written: {error}")
 
 
 class BatchesProgressBar(RichProgressBar):

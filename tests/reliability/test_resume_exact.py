@@ -3,7 +3,8 @@
 curve. Stops derived from the epoch's length: inside an epoch, on an epoch's last batch,
 during a validation, inside a chunk of K steps, on the step that reaches --max-steps; one
 step a batch (K = 1) and eight (K = 8); SIGTERM and SIGUSR1 (in this process: a second a
-run), SIGKILL (trainup_cpu.py, resumed from the newest checkpoint on disk)."""
+run), SIGKILL (trainup_cpu.py, resumed from the newest checkpoint on disk). A fit that an
+exception ends keeps the rows it trained, read late as on a GPU or not."""
 from __future__ import annotations
 
 import signal
@@ -11,6 +12,7 @@ from csv import DictReader
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from late_reads import read_late
@@ -152,6 +154,61 @@ def test_rows_read_late_are_on_disk_before_each_checkpoint(tmp_path, monkeypatch
     assert [name for name, _ in saved][-3:] == ["epoch=2-step=78.ckpt", "last.ckpt",
                                                 "preempted.ckpt"], saved
     assert all(complete for _, complete in saved), saved
+
+
+class FailAt(pl.Callback):
+    """Raises in the optimizer step of step ``step`` (0-based), the steps before it done:
+    a failure inside a step, inside a chunk of K > 1."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.reached = step, None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step >= self.step:
+            self.reached = trainer.global_step
+            raise RuntimeError("a failure mid-fit")
+
+
+@pytest.mark.parametrize("k, val_every", [(8, 1), (1, 1), (8, 2)],
+                         ids=["inside a chunk", "one step a batch", "validation every other epoch"])
+def test_rows_read_late_are_written_when_a_failure_ends_the_fit(k, val_every, tmp_path,
+                                                                monkeypatch, tiny, epoch,
+                                                                straight, straight_sparse):
+    """On a GPU the rows since the last validation wait for their values: an exception
+    must not lose them. metrics.csv holds the straight run's rows up to it."""
+    read_late(monkeypatch)
+    failing = FailAt(4 * epoch - 4)  # after the row of step 99, before the validation at 104
+    flags = dict(_flags(tiny, epoch, k), val_every_n_epochs=val_every)
+    with pytest.raises(RuntimeError, match="a failure mid-fit"):
+        run_in_process(tmp_path, monkeypatch, stop=failing, **flags)
+    (csv,) = (tmp_path / "runs").glob("*/csv/metrics.csv")
+    with open(csv, newline="") as handle:
+        written = [(row["step"], row["train_loss"]) for row in DictReader(handle)
+                   if row["train_loss"]]
+    reference = (straight if val_every == 1 else straight_sparse)[k]
+    expected = [(row["step"], row["train_loss"]) for row in reference.rows
+                if row["train_loss"] and int(row["step"]) < failing.reached]
+    validated = max(p["step"] for p in reference.result["val_curve"] if p["step"] < failing.reached)
+    assert int(expected[-1][0]) >= validated, "no row waits: the case tests nothing"
+    assert written == expected
+
+
+def test_rows_a_failed_gpu_cannot_hand_back_are_said_and_the_failure_kept(tmp_path, monkeypatch,
+                                                                         tiny, epoch):
+    """A GPU that failed cannot hand back the rows' values: one warning says so, and the
+    failure the fit raised is the one the run ends with, not the read's."""
+    from kosmoss.run.host_reads import LaterRead
+
+    read_late(monkeypatch)
+
+    def failed_gpu(self):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(LaterRead, "value", failed_gpu)
+    with pytest.warns(UserWarning, match="train_loss rows not written: CUDA error"):
+        with pytest.raises(RuntimeError, match="a failure mid-fit"):
+            run_in_process(tmp_path, monkeypatch, stop=FailAt(epoch - 1),  # row 24 waits
+                           **_flags(tiny, epoch, 8))
 
 
 def test_k_changes_nothing_a_run_records(straight):
