@@ -62,6 +62,11 @@ class CheckpointToTheEnd(LeanModelCheckpoint):
             private.save_last(self, trainer)
 
 
+# A failed fit waits this long for the rows a GPU still owes: they are the steps before the
+# failure, and a stream stuck in a collective would otherwise hold the exit until NCCL's timeout.
+ROWS_WAIT_ON_FAILURE_S = 10.0
+
+
 class LogsWithCheckpoints(LeanCallback):
     """The loggers write their rows before every checkpoint: a run killed after one resumes
     from it with every row up to it on disk (the CSV logger writes every 100 steps). A fit
@@ -74,13 +79,10 @@ class LogsWithCheckpoints(LeanCallback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Lightning's loggers close the failed run after the callbacks' on_exception; the
         # rows a GPU has not handed back (kosmoss.run.chunks) are only in pl_module till then.
-        write_rows = getattr(pl_module, "write_rows", None)
-        if write_rows is None:
-            return
-        try:
-            write_rows()
-        except RuntimeError as error:  # a failed GPU cannot hand its values back: say so
-            rank_zero_warn(f"train_loss rows not written: {error}")
+        write_rows = getattr(pl_module, "write_rows_after_failure", None)
+        not_written = write_rows(ROWS_WAIT_ON_FAILURE_S) if write_rows is not None else None
+        if not_written:
+            rank_zero_warn(not_written)
 
 
 class BatchesProgressBar(RichProgressBar):

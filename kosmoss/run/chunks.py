@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
 from typing import Callable, Iterator, List, Optional
 
@@ -237,10 +238,37 @@ class StepsInChunks(LeanLitMLP):
         on the host already (float(loss) at once waits for the chunk just queued on a GPU)."""
         while self._rows and (wait or self._rows[0][0].ready()):
             read, step, epoch = self._rows.pop(0)
-            row = {"train_loss": float(read.value()), "epoch": epoch}
-            for logger in self.loggers:
-                logger.log_metrics(row, step=step)
-                logger.save()
+            self._write_row(float(read.value()), step, epoch)
+
+    def write_rows_after_failure(self, within_s: float) -> Optional[str]:
+        """Writes the pending rows whose values reach the host within ``within_s``: a GPU
+        stream stuck in a collective with a dead rank never hands them back, and a failed
+        fit must still end. Returns why the others were not written (None: all were)."""
+        rows, values, failed = self._rows, [], []
+        self._rows = []
+
+        def read() -> None:  # apart, so that waiting can stop; it only fills ``values``
+            try:
+                for row in rows:
+                    values.append(float(row[0].value()))
+            except RuntimeError as error:  # a sticky CUDA error: the values are gone
+                failed.append(str(error))
+
+        reader = threading.Thread(target=read, name="kosmoss-train-loss-rows", daemon=True)
+        reader.start()
+        reader.join(within_s)
+        arrived = list(values)  # the reader may go on filling ``values``: not read again
+        for value, (_, step, epoch) in zip(arrived, rows):
+            self._write_row(value, step, epoch)
+        if len(arrived) == len(rows):
+            return None
+        why = failed[0] if failed else f"their values did not reach the host in {within_s:g} s"
+        return f"{len(rows) - len(arrived)} train_loss row(s) not written: {why}"
+
+    def _write_row(self, value: float, step: int, epoch: int) -> None:
+        for logger in self.loggers:
+            logger.log_metrics({"train_loss": value, "epoch": epoch}, step=step)
+            logger.save()
 
     def on_validation_start(self) -> None:
         super().on_validation_start()

@@ -8,6 +8,7 @@ exception ends keeps the rows it trained, read late as on a GPU or not."""
 from __future__ import annotations
 
 import signal
+import threading
 from csv import DictReader
 from pathlib import Path
 
@@ -193,19 +194,29 @@ def test_rows_read_late_are_written_when_a_failure_ends_the_fit(k, val_every, tm
     assert written == expected
 
 
-def test_rows_a_failed_gpu_cannot_hand_back_are_said_and_the_failure_kept(tmp_path, monkeypatch,
-                                                                         tiny, epoch):
-    """A GPU that failed cannot hand back the rows' values: one warning says so, and the
-    failure the fit raised is the one the run ends with, not the read's."""
+def _never(self):
+    threading.Event().wait()  # a stream stuck in a collective with a dead rank
+
+
+def _failed_gpu(self):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize("read, says",
+                         [(_failed_gpu, r"1 train_loss row\(s\) not written: CUDA error"),
+                          (_never, "did not reach the host in 0.5 s")],
+                         ids=["a failed GPU", "a stuck stream"])
+def test_rows_a_gpu_cannot_hand_back_are_said_and_the_failure_kept(read, says, tmp_path,
+                                                                   monkeypatch, tiny, epoch):
+    """Rows whose values never come: one warning says how many and why, the fit ends within
+    the wait, and the failure it raised is the one the run ends with, not the read's."""
+    from kosmoss.run import callbacks
     from kosmoss.run.host_reads import LaterRead
 
     read_late(monkeypatch)
-
-    def failed_gpu(self):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    monkeypatch.setattr(LaterRead, "value", failed_gpu)
-    with pytest.warns(UserWarning, match="train_loss rows not written: CUDA error"):
+    monkeypatch.setattr(LaterRead, "value", read)
+    monkeypatch.setattr(callbacks, "ROWS_WAIT_ON_FAILURE_S", 0.5)
+    with pytest.warns(UserWarning, match=says):
         with pytest.raises(RuntimeError, match="a failure mid-fit"):
             run_in_process(tmp_path, monkeypatch, stop=FailAt(epoch - 1),  # row 24 waits
                            **_flags(tiny, epoch, 8))
