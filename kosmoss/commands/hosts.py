@@ -88,21 +88,15 @@ def _up(args: argparse.Namespace) -> None:
 def torchrun_commands(made, script: str = "trainup_cpu.py") -> List[str]:
     """What a cluster user types on each node, run in each host with its interface set.
     --local-addr: the address the node's agent advertises (its hostname is the machine's)."""
-    from ..devices.cpus import cores_per_process
-
     nodes = len(made.hosts)
     endpoint = f"{made.master_addr}:{RDZV_PORT}"
-    # The hosts share this machine's cores; torchrun with one rank a node (and Lightning
-    # after it) would give each rank all of them, and a rank's thread count changes its
-    # float sums: the same share as simulated nodes and sbatch on the hosts get.
-    threads = {"OMP_NUM_THREADS": str(cores_per_process(nodes))}
     lines = []
     for host in made.hosts:
         argv = host.command(
             ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank",
              str(host.index), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
              "--rdzv-id", made.set_id, "--local-addr", host.address, script],
-            {**host.socket_env, **threads})
+            {**host.socket_env, **made.threads_env})
         lines.append(shlex.join(argv))
     return lines
 

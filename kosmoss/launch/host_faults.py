@@ -45,16 +45,13 @@ REJOIN_TIMEOUT_S = 300.0  # the survivor's agent sees a waiting node within a mo
 
 
 def agent_command(made: hosts.HostSet, index: int, script: Path, args: List[str]) -> List[str]:
-    """One host's agent; its rank gets half the machine's cores, as each simulated node's."""
-    from ..devices.cpus import cores_per_process
-
     host = made.hosts[index]
     return host.command(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node",
          "1", "--max-restarts", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
          f"{made.master_addr}:{RDZV_PORT}", "--rdzv-id", made.set_id, "--rdzv-conf", RDZV_CONF,
          "--local-addr", host.address, str(script), *args],
-        {**host.socket_env, **AGENT_ENV, "OMP_NUM_THREADS": str(cores_per_process(2))})
+        {**host.socket_env, **AGENT_ENV, **made.threads_env})
 
 
 def lost_host(home: Path, script: Path, dataset: str, max_steps: int,

@@ -83,11 +83,8 @@ class SlurmCluster:
         """What an sbatch in host 0 needs: the cluster's configuration, the hosts' link for
         gloo and NCCL, and each rank's share of the machine's cores (Lightning would give
         every rank all of them: the hosts share one machine)."""
-        from ..devices.cpus import cores_per_process
-
-        threads = cores_per_process(len(self.made.hosts))  # as simulated nodes set it
         return {"SLURM_CONF": str(self.conf), **self.made.hosts[0].socket_env,
-                "OMP_NUM_THREADS": str(threads)}
+                **self.made.threads_env}
 
     def sbatch_command(self, args: Sequence[str]) -> List[str]:
         """``sbatch -N <hosts> --ntasks-per-node 1 ARGS`` as typed in host 0."""

@@ -118,6 +118,15 @@ class HostSet:
     def namespaces(self) -> List[str]:
         return [host.namespace for host in self.hosts] + [self.switch]
 
+    @property
+    def threads_env(self) -> Dict[str, str]:
+        """One rank a host: its share of this machine's cores, which the hosts share.
+        torchrun, srun and Lightning would give each rank all of them, and a rank's thread
+        count changes its float sums (simulated nodes set the same share: .nodes)."""
+        from ..devices.cpus import cores_per_process
+
+        return {"OMP_NUM_THREADS": str(cores_per_process(len(self.hosts)))}
+
     def describe(self) -> str:
         addresses = ", ".join(f"{h.namespace} {h.address}" for h in self.hosts)
         return (f"{len(self.hosts)} hosts in network namespaces ({addresses}; subnet "

@@ -80,7 +80,9 @@ class LogsWithCheckpoints(LeanCallback):
         # Lightning's loggers close the failed run after the callbacks' on_exception; the
         # rows a GPU has not handed back (kosmoss.run.chunks) are only in pl_module till then.
         write_rows = getattr(pl_module, "write_rows_after_failure", None)
-        not_written = write_rows(ROWS_WAIT_ON_FAILURE_S) if write_rows is not None else None
+        if write_rows is None or not trainer.is_global_zero:  # the loggers write on rank 0 only
+            return
+        not_written = write_rows(ROWS_WAIT_ON_FAILURE_S)
         if not_written:
             rank_zero_warn(not_written)
 
