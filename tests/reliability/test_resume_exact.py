@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from late_reads import read_late
@@ -182,16 +183,40 @@ def test_rows_read_late_are_written_when_a_failure_ends_the_fit(k, val_every, tm
     flags = dict(_flags(tiny, epoch, k), val_every_n_epochs=val_every)
     with pytest.raises(RuntimeError, match="a failure mid-fit"):
         run_in_process(tmp_path, monkeypatch, stop=failing, **flags)
-    (csv,) = (tmp_path / "runs").glob("*/csv/metrics.csv")
-    with open(csv, newline="") as handle:
-        written = [(row["step"], row["train_loss"]) for row in DictReader(handle)
-                   if row["train_loss"]]
+    written = _train_loss_rows(tmp_path)
     reference = (straight if val_every == 1 else straight_sparse)[k]
-    expected = [(row["step"], row["train_loss"]) for row in reference.rows
+    expected = [(int(row["step"]), float(row["train_loss"])) for row in reference.rows
                 if row["train_loss"] and int(row["step"]) < failing.reached]
     validated = max(p["step"] for p in reference.result["val_curve"] if p["step"] < failing.reached)
-    assert int(expected[-1][0]) >= validated, "no row waits: the case tests nothing"
+    assert expected[-1][0] >= validated, "no row waits: the case tests nothing"
     assert written == expected
+
+
+def _train_loss_rows(home: Path) -> list:
+    (csv,) = (home / "runs").glob("*/csv/metrics.csv")
+    with open(csv, newline="") as handle:
+        return [(int(row["step"]), float(row["train_loss"])) for row in DictReader(handle)
+                if row["train_loss"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_rows_owed_at_a_failure_are_written(tmp_path, monkeypatch, tiny, epoch):
+    """The CUDA path itself, nothing patched: each row's value a copy from the GPU that the
+    failure's daemon thread reads (LaterRead.value off the main thread). The rows before the
+    failure are a run never stopped's, the same steps and values within float rounding."""
+    flags = dict(_flags(tiny, epoch, 8), machine_gpu="offer", use_gpu=True, require_gpu=True,
+                 mode="device")
+    straight = run_in_process(tmp_path / "straight", monkeypatch, **flags)
+    assert straight["accelerator"] == "gpu", straight["accelerator"]
+    failing = FailAt(4 * epoch - 4)  # after the row of step 99, before the validation at 104
+    with pytest.raises(RuntimeError, match="a failure mid-fit"):
+        run_in_process(tmp_path / "failed", monkeypatch, stop=failing, **flags)
+    expected = [row for row in _train_loss_rows(tmp_path / "straight") if row[0] < failing.reached]
+    written = _train_loss_rows(tmp_path / "failed")
+    assert expected[-1][0] > 3 * epoch, "no row waits: the case tests nothing"
+    assert [step for step, _ in written] == [step for step, _ in expected]
+    assert [loss for _, loss in written] == pytest.approx([loss for _, loss in expected], rel=1e-4)
 
 
 def _never(self):
