@@ -1,7 +1,7 @@
 """Signals from outside, as Slurm and a user send them, timed by the heartbeat (never a fixed
 sleep): the run is set up so that wherever the signal lands, the stop is on an epoch's end
 (one loop step an epoch), the boundary Lightning resumed one epoch late. One process with
-K = 8 (the issue's case: SIGTERM, then a SIGKILL of the resumed attempt), and 3 DDP ranks.
+K = 8 (a SIGTERM, then a SIGKILL of the resumed attempt), and 3 DDP ranks.
 Each ends with the straight run's weights, metrics.csv rows and validation curve."""
 from __future__ import annotations
 
