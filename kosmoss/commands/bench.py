@@ -149,14 +149,16 @@ def make_plan(args: argparse.Namespace, chosen, echo):
 
     mode = QUICK if args.quick else FULL
     spec = args.dataset or mode.dataset or ("large" if torch.cuda.is_available() else "small")
-    prepared = presets.resolve(spec, log=echo, verify=False)
     machine = probe(chosen)
+    batches = {"cpu": _pick(args.batch_size, mode.batch_size),
+               "gpu": _pick(args.gpu_batch_size, mode.gpu_batch_size)}
+    check_batches_split(batches, chosen, gpu_rows_run=machine.cuda)  # before a preset's prepared
+    prepared = presets.resolve(spec, log=echo, verify=False)
     plan = Plan(
         dataset=prepared.path.resolve(), n_samples=prepared.n_samples,
         n_train=len(_train_split(prepared.n_samples)),
         bytes_per_sample=4 * (prepared.n_x + prepared.n_y),
-        batch_size=_pick(args.batch_size, mode.batch_size),
-        gpu_batch_size=_pick(args.gpu_batch_size, mode.gpu_batch_size),
+        batch_size=batches["cpu"], gpu_batch_size=batches["gpu"],
         steps=_pick(args.steps, mode.steps), repeats=_pick(args.repeats, mode.repeats),
         timeout_s=mode.timeout_s,
     )
@@ -196,15 +198,28 @@ def _check_counts(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {value}: must be >= 1")
 
 
+BATCH_FLAGS = {"cpu": "--batch-size", "gpu": "--gpu-batch-size"}
+
+
+def _rows_on(device: str, chosen, gpu_rows_run: bool):
+    return [s for s in chosen if s.device == device and (device == "cpu" or gpu_rows_run)]
+
+
+def check_batches_split(batches: dict, chosen, *, gpu_rows_run: bool) -> None:
+    """Each global batch must split evenly over its rows' ranks."""
+    for device, batch in batches.items():
+        for setup in _rows_on(device, chosen, gpu_rows_run):
+            if batch % setup.ranks:
+                raise UsageError(f"{BATCH_FLAGS[device]} {batch}: must divide by {setup.ranks}, "
+                                 f"the ranks of {setup.id}")
+
+
 def check_batches(plan, chosen, *, gpu_rows_run: bool, dataset: str) -> None:
     """Each global batch must split evenly over its rows' ranks and fit the training split."""
-    for device, flag, batch in (("cpu", "--batch-size", plan.batch_size),
-                                ("gpu", "--gpu-batch-size", plan.gpu_batch_size)):
-        rows = [s for s in chosen if s.device == device and (device == "cpu" or gpu_rows_run)]
-        for setup in rows:
-            if batch % setup.ranks:
-                raise UsageError(f"{flag} {batch}: must divide by {setup.ranks}, the ranks of "
-                                 f"{setup.id}")
+    batches = {"cpu": plan.batch_size, "gpu": plan.gpu_batch_size}
+    check_batches_split(batches, chosen, gpu_rows_run=gpu_rows_run)
+    for device, batch in batches.items():
+        flag, rows = BATCH_FLAGS[device], _rows_on(device, chosen, gpu_rows_run)
         if rows and batch > plan.n_train:
             raise UsageError(f"{flag} {batch} is larger than the {plan.n_train:,} training "
                              f"samples of dataset {dataset}: use a smaller batch or a larger "

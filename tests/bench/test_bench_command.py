@@ -78,6 +78,15 @@ def test_batches_must_fit_the_dataset_and_the_ranks(capsys, tmp_path, tiny_home,
     assert not out.exists()
 
 
+def test_a_batch_the_ranks_cannot_split_is_refused_before_a_preset_is_prepared(
+        capsys, tmp_path, monkeypatch, cpu_machine):
+    """The full bench's preset is 610 MB to write: a typo in --batch-size must not cost it."""
+    monkeypatch.setenv("KOSMOSS_HOME", str(tmp_path / "home"))
+    message = fails(capsys, ["--only", "ddp-cpu-2", "--batch-size", "3", "--dataset", "small"])
+    assert "--batch-size 3: must divide by 2, the ranks of ddp-cpu-2" in message
+    assert not (tmp_path / "home" / "data").exists()
+
+
 def test_the_gpu_batch_is_not_checked_where_no_gpu_row_runs(tmp_path):
     plan = setups.Plan(dataset=tmp_path, n_samples=2048, n_train=1638, bytes_per_sample=1,
                        batch_size=256, gpu_batch_size=16384, steps=1, repeats=1)
