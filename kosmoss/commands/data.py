@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--seed", type=int, help=f"synthetic seed (default {DEFAULT_SEED})")
     prep.add_argument("--shard-size", type=int,
                       help=f"columns per shard (default: the preset's, else {DEFAULT_SHARD_SIZE})")
-    prep.add_argument("--name", help="dataset name under $KOSMOSS_HOME/data "
-                                     "(default: spelled out from the request)")
+    prep.add_argument("--name", help="dataset name under $KOSMOSS_HOME/data (default: "
+                                     "spelled out from the request; a preset's name holds "
+                                     "that preset only)")
     prep.add_argument("--out", type=Path, help="write to this folder instead")
     prep.add_argument("--source", choices=("synthetic", "maelstrom"), default="synthetic")
     prep.add_argument("--date", help="maelstrom: forecast start date YYYYMMDD (default 20200101)")
@@ -157,8 +158,22 @@ def _destination(args: argparse.Namespace, default_name: str) -> Path:
     if args.out is not None:
         if args.name is not None:
             raise UsageError(f"--name {args.name} and --out {args.out}: give one of them")
+        _not_a_presets_folder(Path(args.out), default_name, f"--out {args.out}")
         return args.out
-    return paths.data_root() / presets.check_name(args.name or default_name)
+    dest = paths.data_root() / presets.check_name(args.name or default_name)
+    _not_a_presets_folder(dest, default_name, f"--name {args.name}")
+    return dest
+
+
+def _not_a_presets_folder(dest: Path, default_name: str, flag: str) -> None:
+    """A preset's folder holds that preset only: anything else there, `--dataset tiny`
+    refuses (or, were it the same shape, would train on unasked)."""
+    root = paths.data_root().resolve()
+    if dest.resolve().parent == root and dest.name in presets.PRESETS \
+            and dest.name != default_name:
+        raise UsageError(f"{flag}: the folder of the preset {dest.name}, which this request "
+                         f"is not; give `kosmoss data prepare {dest.name}` for the preset, or "
+                         "another name")
 
 
 # ---------------------------------------------------------------- commands

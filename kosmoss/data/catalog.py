@@ -99,6 +99,8 @@ def preparation_command(folder: Path) -> Optional[str]:
     preset = words[0] if words[0] in PRESETS else None
     if folder.parent.resolve() != paths.data_root().resolve():
         words += ["--out", str(folder)]
+    elif folder.name in PRESETS:  # a preset's folder takes that preset only
+        words = [folder.name]
     elif folder.name != preset:
         words += ["--name", folder.name]
     return shlex.join(["kosmoss", "data", "prepare", *words, "--force"])

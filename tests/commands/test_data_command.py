@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from helpers import REPO, run_script
@@ -17,7 +18,9 @@ from kosmoss.commands import data
 from kosmoss.core.errors import UsageError
 from kosmoss.data import presets
 from kosmoss.data.stats import Statistics
-from kosmoss.data.store import sha256_of
+from kosmoss.data.catalog import DEFAULT_SHARD_SIZE
+from kosmoss.data.sources import SyntheticSource
+from kosmoss.data.store import prepare, sha256_of
 
 
 def test_prepare_then_info(tmp_path):
@@ -128,7 +131,8 @@ def test_a_preset_folder_holding_something_else_is_named(data_cli, tiny_preset, 
     code, _, err = data_cli("prepare", "tiny", "--seed", "3")
     assert code == 0 and (kosmoss_home / "data" / "tiny-seed3").is_dir()
     folder = kosmoss_home / "data" / "tiny"
-    assert data_cli("prepare", "--columns", "64", "--levels", "3", "--name", "tiny")[0] == 0
+    # What an older kosmoss could leave there; the command itself refuses to (below).
+    prepare(SyntheticSource(64, levels=3), folder, shard_size=DEFAULT_SHARD_SIZE)
     code, _, err = data_cli("prepare", "tiny")
     assert code == 2 and len(err) == 1 and "shard_size 4096 (asked 32)" in err[0]
     with pytest.raises(UsageError, match=r"^--dataset tiny: .* holds another dataset than the "
@@ -137,6 +141,23 @@ def test_a_preset_folder_holding_something_else_is_named(data_cli, tiny_preset, 
         presets.resolve("tiny")
     assert data_cli("prepare", "tiny", "--force")[0] == 0
     assert presets.resolve("tiny").path == folder and _metadata(folder)["shard_size"] == 32
+
+
+@pytest.mark.parametrize("where", [["--name", "tiny"], ["--name", "small"], ["--out", "tiny"]])
+def test_a_presets_folder_takes_that_preset_only(data_cli, tiny_preset, kosmoss_home, where):
+    """`--name tiny` on another request would shadow the preset that `--dataset tiny`
+    reads: refused before anything is written, the preset itself still accepted there."""
+    if where[0] == "--out":
+        where = ["--out", str(kosmoss_home / "data" / "tiny")]
+    code, _, err = data_cli("prepare", *SMALL, "--seed", "5", *where)
+    preset = Path(where[1]).name
+    assert code == 2 and len(err) == 1, err
+    assert f"the folder of the preset {preset}, which this request is not" in err[0]
+    assert f"`kosmoss data prepare {preset}`" in err[0]
+    assert not (kosmoss_home / "data").exists()
+    if preset == "tiny":  # the preset itself goes there
+        assert data_cli("prepare", "tiny", *where)[0] == 0
+        assert presets.resolve("tiny").n_samples == 64
 
 
 def test_force_never_deletes_a_folder_that_is_not_a_dataset(data_cli, tiny_preset, tmp_path):
@@ -213,6 +234,19 @@ def test_the_advice_after_a_checksum_error_fixes_it(data_cli, tiny_preset, kosmo
     code, out, _ = data_cli(*_advice(err[0]))
     assert code == 0 and "reused" not in out[0]
     assert data_cli("info", name, "--verify", "--json")[0] == 0
+
+
+def test_advice_for_another_dataset_in_a_presets_folder_puts_the_preset_back(
+        data_cli, tiny_preset, kosmoss_home):
+    """What an older kosmoss let `--name tiny` write: the command that fixes it is the
+    preset's own, since a `--name tiny` line would now be refused."""
+    folder = kosmoss_home / "data" / "tiny"
+    prepare(SyntheticSource(48, seed=9, levels=3), folder, shard_size=16)
+    _corrupt_first_shard(folder)
+    code, _, err = data_cli("info", "tiny", "--verify")
+    assert code == 2 and err[0].endswith("prepare it again: `kosmoss data prepare tiny --force`")
+    assert data_cli(*_advice(err[0]))[0] == 0
+    assert presets.resolve("tiny").n_samples == 64
 
 
 def test_advice_for_a_dataset_outside_the_home_names_its_folder(data_cli, tmp_path):
