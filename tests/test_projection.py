@@ -191,7 +191,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     (tmp_path / "result.json").write_text(json.dumps({"world_size": 1}))
     assert "no train_samples_per_s, per_device_batch_size" in \
         project_fails(capsys, ["--from", str(tmp_path)])
-    assert "--comm" in project_fails(capsys, ["--comm", str(tmp_path / "result.json")])
+    assert f"--comm {tmp_path / 'result.json'}: not a kosmoss comm JSON" in \
+        project_fails(capsys, ["--comm", str(tmp_path / "result.json")])
 
 
 def test_expected_max_of_normals_matches_the_closed_form_and_a_sample():

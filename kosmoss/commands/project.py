@@ -138,7 +138,7 @@ def _links(args: argparse.Namespace, device: str):
     measured = (None, None)
     if args.comm is not None:
         try:
-            measured = links_from_comm(_read_comm(args.comm))
+            measured = links_from_comm(_read_comm(args.comm), f"--comm {args.comm}")
         except (OSError, ValueError) as err:
             raise UsageError(f"--comm {args.comm}: not readable ({err}); give kosmoss comm's "
                              "comm.json") from None
