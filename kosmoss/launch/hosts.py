@@ -129,7 +129,8 @@ class HostSet:
 
     def describe(self) -> str:
         addresses = ", ".join(f"{h.namespace} {h.address}" for h in self.hosts)
-        return (f"{len(self.hosts)} hosts in network namespaces ({addresses}; subnet "
+        count = f"{len(self.hosts)} host" + ("s" if len(self.hosts) != 1 else "")
+        return (f"{count} in network namespaces ({addresses}; subnet "
                 f"{self.subnet}, link {rate_name(self.rate_bps)}), interface {INTERFACE} "
                 f"(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), MASTER_ADDR {self.master_addr}")
 
