@@ -26,7 +26,8 @@ HELP = "check your answers to a lesson's exercises (--list shows them all)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("lesson", nargs="?",
-                        help="01 .. 11, or metrics (the DDP-metrics lab); --list shows them")
+                        help="01 .. 12, 08b, 09b, or metrics (lesson 3b, the DDP-metrics lab; "
+                             "03b works too); --list shows them")
     parser.add_argument("exercise", nargs="?",
                         help="one exercise of the lesson, e.g. average_gradients (default: all)")
     parser.add_argument("--notebook", type=Path,
@@ -42,10 +43,15 @@ def register(subparsers) -> None:
 
 
 def check_command(args: argparse.Namespace) -> None:
+    from ..exercises.core import LESSON_MODULES, lesson_key
+
+    if args.lesson is not None:
+        args.lesson = lesson_key(args.lesson)
     if args.list:
         return list_exercises(args.json, args.lesson)
     if args.lesson is None:
-        raise UsageError("give a lesson (01 .. 11, metrics), e.g. `kosmoss check 03`, or --list")
+        raise UsageError(f"give a lesson ({', '.join(LESSON_MODULES)}), e.g. `kosmoss check 03`, "
+                         "or --list")
     from ..exercises.core import catalogue, find
     from ..exercises.judging import judge_sources
     from ..exercises.notebook import code_cells, default_notebook, exercise_cell

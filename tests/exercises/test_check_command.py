@@ -84,10 +84,24 @@ def test_raising_cell_and_bad_input_exit_2_with_one_line(tmp_path, capsys):
                           "has no cell whose first line is `# exercise: 06.port_holder`"),
                          (["check", "07", "--notebook", str(tmp_path / "gone.ipynb")],
                           "--notebook"),
-                         (["check"], "give a lesson")):
+                         (["check", "03c"], "unknown lesson '03c'"),
+                         (["check"], "give a lesson (01, 02,")):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("typed, key", [("03b", "metrics"), ("3b", "metrics"), ("3", "03"),
+                                        ("8b", "08b"), ("metrics", "metrics"), ("12", "12")])
+def test_a_lesson_is_found_by_the_number_the_course_gives_it(typed, key, tmp_path, capsys):
+    """Lesson 3b's lab answers to 03b as 08b and 09b do; one digit is the lesson's too."""
+    assert cli.main(["check", "--list", typed]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [e.id for e in exercises(key)]
+    one = next(e for e in exercises(key) if e.rank_task is None)  # no ranks to start
+    path = notebook(tmp_path / "mine.ipynb", [answer(one.id)])
+    assert cli.main(["check", typed, one.name, "--notebook", str(path)]) == 0
+    assert f"correct: {one.id} — " in capsys.readouterr().out
 
 
 def test_default_notebook_is_the_working_folders_last_saved_copy(tmp_path):
