@@ -109,7 +109,7 @@ PREDICTION_MODEL = (
     "gradients' size; + DDP's own cost a step on CPU besides the transfer (its hooks and "
     "buckets, timed on a 1-rank gloo group against the bare model: ddp_overhead_s); all "
     "but the fixed cost x the ranks' contention (that comm run's training steps side by "
-    "side / alone). Ranks sharing one GPU: all but the fixed cost x the raw loop's step on "
+    "side / alone, alone timed just before and after each size, the median over its sizes). Ranks sharing one GPU: all but the fixed cost x the raw loop's step on "
     "the ranks ÷ on one process at the whole batch, and the all-reduce's cost in that loop "
     "in place of the buckets' alpha-beta times and the wait (ddp_anatomy's first three lines: "
     "a host-staged gloo all-reduce of CUDA tensors waits for the queued GPU work, which the "
@@ -236,7 +236,7 @@ def _predict_row(setup: Setup, rows: Dict[str, dict], plan: Plan, shape, out_dir
                       wait_s=gradient_wait_s(comm, shape.gradient_bytes),
                       ddp_s=0.0 if gpu else _ddp_cost(global_batch // ranks, ranks, shape,
                                                       context),
-                      contention=side_by_side(comm, shape.gradient_bytes),
+                      contention=side_by_side(comm),
                       measured_compute_ratio=ratio, measured_exposed_s=exposed)
     return predict(profile, shape, cluster, global_batch)
 
@@ -313,11 +313,14 @@ def gradient_wait_s(comm: dict, gradient_bytes: int) -> Optional[float]:
     return None if row is None else row["wait_s"]
 
 
-def side_by_side(comm: dict, gradient_bytes: int) -> float:
+def side_by_side(comm: dict) -> float:
     """A rank's training step with every rank computing ÷ alone, as that comm run measured
-    it (1 for back-to-back timings)."""
-    row = _gradient_row(comm, gradient_bytes, "compute_alone_s")
-    return row["compute_s"] / row["compute_alone_s"] if row and row["compute_alone_s"] else 1.0
+    it: the median over its sizes, which all follow the same step (one size's ratio swung
+    0.89–1.31 between runs on a 2-core VM, the median 1.05–1.26); 1 for back-to-back
+    timings."""
+    ratios = [row["compute_s"] / row["compute_alone_s"]
+              for row in comm["groups"]["world"]["rows"] if row.get("compute_alone_s")]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def _shares(setup: Setup, rows: Dict[str, dict], gpu: bool, shape,

@@ -22,8 +22,9 @@ follows a training step of kosmoss's MLP (forward, backward, Adam) lasting about
 all-reduce; its time is the last rank's to arrive (the others also waited for it), and the
 ranks' spread in arrival is kept as ``wait_s`` (the time a step loses to the slowest rank:
 each rank's wait is its own time minus the last one's, as all end together). The steps'
-mean time side by side against alone (``compute_s`` / ``compute_alone_s``) is what ranks
-sharing a host's memory and caches cost each other.
+mean time side by side against alone (``compute_s`` / ``compute_alone_s``, alone timed
+just before and after each size's repeats) is what ranks sharing a host's memory and caches
+cost each other.
 """
 from __future__ import annotations
 
@@ -171,12 +172,15 @@ def _time_size(size: int, plan: CommPlan, device, group, step=None):
 def _after_compute(tensor, plan: CommPlan, device, group, step, alone: float) -> dict:
     """Repeats of (a training step, all-reduce): the last rank's all-reduce time of each,
     the mean rank's wait for it (mean of the ranks' times − the last one's), and how long
-    the steps took side by side against one rank alone."""
+    the steps took side by side against one rank alone. ``alone`` (the step's sizing) is
+    timed again just before and after the repeats: a shared host's speed drifts by tens of
+    percent within a run, and the ratio must compare steps of the same moment."""
     import torch.distributed as dist
 
     for _ in range(plan.warmup):
         step()
         dist.all_reduce(tensor, group=group)
+    alone_before = _alone(step, device, group)
     mine, computed = [], []
     for _ in range(plan.repeats):
         start = time.perf_counter()
@@ -186,11 +190,13 @@ def _after_compute(tensor, plan: CommPlan, device, group, step, alone: float) ->
         dist.all_reduce(tensor, group=group)
         _sync(device)
         mine.append(time.perf_counter() - start - computed[-1])
+    alone_after = _alone(step, device, group)
     times = _gathered(mine, device, group)  # ranks x repeats
     last = times.min(dim=0).values
     return {"times": last.tolist(), "waits": (times.mean(dim=0) - last).tolist(),
             "compute_s": float(_gathered(computed, device, group).mean()),
-            "compute_alone_s": float(_gathered([alone], device, group).mean())}
+            "compute_alone_s": float(_gathered([alone_before, alone_after], device,
+                                               group).mean())}
 
 
 def _gathered(values: List[float], device, group):

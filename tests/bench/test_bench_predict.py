@@ -82,9 +82,12 @@ def test_comm_runs_after_the_ranks_compute_and_its_wait_is_the_straggler(
     def spaced_comm(setup, topology, shape, plan, out_dir, context, echo, compute_s):
         asked.append(compute_s)
         result = comm_json(*topology[:2])
-        result["groups"]["world"]["rows"] = [  # the row nearest the gradients' size counts
+        # The wait: the row nearest the gradients' size; the contention: the rows' median
+        # ratio, the same step before each size (a swing in one row does not carry it).
+        result["groups"]["world"]["rows"] = [
             {"bytes": size // 8, "wait_s": 0.5, "compute_s": 9.0, "compute_alone_s": 1.0},
-            {"bytes": size + 4, "wait_s": 0.002, "compute_s": 0.0125, "compute_alone_s": 0.01}]
+            {"bytes": size + 4, "wait_s": 0.002, "compute_s": 0.0125, "compute_alone_s": 0.01},
+            {"bytes": size * 4, "wait_s": 0.7, "compute_s": 0.0121, "compute_alone_s": 0.011}]
         return result
 
     monkeypatch.setattr(runner, "_comm", spaced_comm)
