@@ -160,7 +160,7 @@ def _time_size(size: int, plan: CommPlan, device, group, step=None):
 
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
     if step is not None:
-        return _after_compute(tensor, plan, device, group, *step)
+        return _after_compute(tensor, plan, device, group, step[0])  # timed alone there
     warm = [_timed_loop(tensor, 1, device, group) for _ in range(max(1, plan.warmup))]
     iters = _agreed_iters(min(warm), device)
     times = torch.tensor([_timed_loop(tensor, iters, device, group) / iters
@@ -169,12 +169,12 @@ def _time_size(size: int, plan: CommPlan, device, group, step=None):
     return times.tolist()
 
 
-def _after_compute(tensor, plan: CommPlan, device, group, step, alone: float) -> dict:
+def _after_compute(tensor, plan: CommPlan, device, group, step) -> dict:
     """Repeats of (a training step, all-reduce): the last rank's all-reduce time of each,
     the mean rank's wait for it (mean of the ranks' times − the last one's), and how long
-    the steps took side by side against one rank alone. ``alone`` (the step's sizing) is
-    timed again just before and after the repeats: a shared host's speed drifts by tens of
-    percent within a run, and the ratio must compare steps of the same moment."""
+    the steps took side by side against one rank alone. Alone is timed just before and
+    after the repeats: a shared host's speed drifts by tens of percent within a run, and
+    the ratio must compare steps of the same moment."""
     import torch.distributed as dist
 
     for _ in range(plan.warmup):
