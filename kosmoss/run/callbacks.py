@@ -181,7 +181,8 @@ class ThroughputMeter(LeanCallback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         loss = trainer.callback_metrics.get("val_loss")
-        if not trainer.sanity_checking and loss is not None:
+        again = bool(self.val_curve) and self.val_curve[-1]["step"] == trainer.global_step
+        if not trainer.sanity_checking and loss is not None and not again:  # a resume's rescore
             self.val_curve.append({"step": trainer.global_step, "unix_time": time.time(),
                                    "val_loss": float(loss)})
 

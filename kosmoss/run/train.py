@@ -232,8 +232,22 @@ def _evaluate(trainer: pl.Trainer, model: LeanLitMLP, datamodule, meter: Through
     then the test scores; read before testing, which resets the trainer's metrics."""
     if not meter.val_curve or meter.val_curve[-1]["step"] != trainer.global_step:
         trainer.validate(model, datamodule=datamodule, verbose=False)
+    elif "val_loss" not in trainer.callback_metrics:
+        # A resume from the fit's end: its stopped attempt validated these weights, but a
+        # checkpoint keeps no callback metrics. Again, then, unlogged: metrics.csv has the row.
+        with _unlogged(trainer):
+            trainer.validate(model, datamodule=datamodule, verbose=False)
     scores = {name: _metric(trainer, name) for name in ("val_loss", "val_rmse_wm2")}
     return {**scores, **trainer.test(model, datamodule=datamodule, verbose=False)[0]}
+
+
+@contextlib.contextmanager
+def _unlogged(trainer: pl.Trainer) -> Iterator[None]:
+    loggers, trainer.loggers = trainer.loggers, []
+    try:
+        yield
+    finally:
+        trainer.loggers = loggers
 
 
 def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:

@@ -33,7 +33,8 @@ SIGNAL_AT = Path(__file__).with_name("signal_at.py")
 
 class SignalAt(pl.Callback):
     """Sends ``sig`` to this process while the step ``step`` (the count of steps made before
-    it) trains, or (``where="val"``) while the first validation at or after it runs."""
+    it) trains, (``where="val"``) while the first validation at or after it runs, or
+    (``where="test"``) when the test pass after the fit starts."""
 
     def __init__(self, step: int, sig: int, where: str = "train") -> None:
         self.step, self.sig, self.where, self.sent = step, sig, where, False
@@ -51,6 +52,10 @@ class SignalAt(pl.Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         if self.where == "val" and not self.sent and not trainer.sanity_checking and \
                 trainer.global_step >= self.step:
+            self._send()
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        if self.where == "test" and not self.sent:
             self._send()
 
 

@@ -49,7 +49,7 @@ def _straight_runs(tmp_path_factory, tiny, epoch, name, **extra):
     with pytest.MonkeyPatch.context() as monkeypatch:
         for k in (1, 8):
             home = tmp_path_factory.mktemp(f"{name}-k{k}")
-            result = run_in_process(home, monkeypatch, **_flags(tiny, epoch, k), **extra)
+            result = run_in_process(home, monkeypatch, **dict(_flags(tiny, epoch, k), **extra))
             runs[k] = Finished.of(result["run_dir"])
     return runs
 
@@ -100,6 +100,54 @@ def test_a_stop_resumes_exactly(name, k, at, where, sig, tmp_path, monkeypatch, 
     resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig, where),
                                expected)
     assert compare(resumed, straight[k]) is None, compare(resumed, straight[k])
+
+
+SCORES = ("val_loss", "val_rmse_wm2", "test_loss", "test_rmse_wm2")
+
+
+def _scores(finished: Finished) -> dict:
+    return {name: finished.result[name] for name in SCORES}
+
+
+@pytest.fixture(scope="module")
+def straight_to_an_epochs_end(tmp_path_factory, tiny, epoch):
+    """The runs never stopped whose fit ends on an epoch's last batch (--max-steps of five
+    epochs): the epoch's validation is the fit's last; none comes after it."""
+    return _straight_runs(tmp_path_factory, tiny, epoch, "straight-epoch-end", max_steps=5 * epoch)
+
+
+@pytest.mark.parametrize("k, sig", [(1, TERM), (8, USR1)])
+def test_a_stop_on_the_fits_last_step_at_an_epochs_end_resumes_exactly(
+        k, sig, tmp_path, monkeypatch, tiny, epoch, straight_to_an_epochs_end):
+    """The stop lands where the fit ends anyway: the resume trains nothing, and scores the
+    weights as the run never stopped did (a validation of a step validated already stays
+    one point of the curve and no row more). Once: a traceback, val_loss None."""
+    flags = dict(_flags(tiny, epoch, k), max_steps=5 * epoch)
+    resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags,
+                               SignalAt(5 * epoch - 1, sig), 5 * epoch)
+    straight = straight_to_an_epochs_end[k]
+    assert straight.result["val_curve"][-1]["step"] == 5 * epoch
+    assert compare(resumed, straight) is None, compare(resumed, straight)
+    assert _scores(resumed) == _scores(straight)
+
+
+@pytest.mark.parametrize("fit_ends", ["inside an epoch", "on an epoch's end"])
+def test_a_stop_while_the_run_tests_resumes_to_the_same_scores(
+        fit_ends, tmp_path, monkeypatch, tiny, epoch, straight, straight_to_an_epochs_end):
+    """After the fit, before its test scores: the stop is one line (records.Stopped), and
+    --resume writes what the run never stopped wrote."""
+    from kosmoss.launch import records
+
+    epochs_end = fit_ends == "on an epoch's end"
+    flags = dict(_flags(tiny, epoch, 8), **({"max_steps": 5 * epoch} if epochs_end else {}))
+    home = tmp_path / "home"
+    with pytest.raises(records.Stopped):
+        run_in_process(home, monkeypatch, stop=SignalAt(0, TERM, "test"), **flags)
+    (run_dir,) = (home / "runs").iterdir()
+    resumed = Finished.of(run_in_process(home, monkeypatch, resume=run_dir.name)["run_dir"])
+    reference = (straight_to_an_epochs_end if epochs_end else straight)[8]
+    assert compare(resumed, reference) is None, compare(resumed, reference)
+    assert _scores(resumed) == _scores(reference)
 
 
 def test_two_stops_in_a_row_resume_exactly(tmp_path, monkeypatch, tiny, epoch, straight):
