@@ -302,15 +302,19 @@ def test_k_changes_nothing_a_run_records(straight):
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(step=st.integers(0, 5 * 26 + 9), k=st.sampled_from([1, 3, 8]),
-       sig=st.sampled_from([TERM, USR1]))
-def test_a_stop_at_any_step_with_any_k_resumes_exactly(step, k, sig, tmp_path_factory,
-                                                       monkeypatch, tiny, epoch, straight):
-    flags = _flags(tiny, epoch, k)
+       sig=st.sampled_from([TERM, USR1]), epochs_end=st.booleans())
+def test_a_stop_at_any_step_with_any_k_resumes_exactly(step, k, sig, epochs_end, tmp_path_factory,
+                                                       monkeypatch, tiny, epoch, straight,
+                                                       straight_to_an_epochs_end):
+    """``epochs_end``: the fit ends on an epoch's last batch, else inside the next epoch."""
+    flags = dict(_flags(tiny, epoch, k), **({"max_steps": 5 * epoch} if epochs_end else {}))
     step = min(step, flags["max_steps"] - 1)  # the strategy assumes 26 batches an epoch
     expected = expected_stop(step, epoch, k, flags["max_steps"])
     home = tmp_path_factory.mktemp("any-step")
     resumed = _stop_and_resume(home, monkeypatch, flags, SignalAt(step, sig), expected)
-    assert compare(resumed, straight[1]) is None, compare(resumed, straight[1])
+    reference = (straight_to_an_epochs_end if epochs_end else straight)[1]
+    assert compare(resumed, reference) is None, compare(resumed, reference)
+    assert _scores(resumed) == _scores(reference)
 
 
 # SIGKILL: the process ends where it is; --resume takes the newest checkpoint on disk.
