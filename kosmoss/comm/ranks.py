@@ -153,14 +153,14 @@ def _member_group(rank_lists: List[List[int]], rank: int):
 
 def _time_size(size: int, plan: CommPlan, device, group, step=None):
     """The repeats' times of one size, each the slowest rank's (seconds per all-reduce);
-    after ``step`` (a compute step and its time alone, :func:`_model_step`), with the ranks'
+    after ``step`` (a compute step, :func:`_model_step`), with the ranks'
     waits (:func:`_after_compute`)."""
     import torch
     import torch.distributed as dist
 
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
     if step is not None:
-        return _after_compute(tensor, plan, device, group, step[0])  # timed alone there
+        return _after_compute(tensor, plan, device, group, step)
     warm = [_timed_loop(tensor, 1, device, group) for _ in range(max(1, plan.warmup))]
     iters = _agreed_iters(min(warm), device)
     times = torch.tensor([_timed_loop(tensor, iters, device, group) / iters
@@ -213,8 +213,8 @@ def _gathered(values: List[float], device, group):
 def _model_step(compute_s: float, device, group):
     """A training step of kosmoss's MLP (forward, backward, Adam) on as many rows as last
     about ``compute_s`` on one rank alone (the same rows on every rank: the slowest
-    rank's count), and its time alone. Each rank times itself while the others wait, so
-    the repeats show what ranks computing side by side cost each other (memory, caches)."""
+    rank's count). Each rank times itself while the others wait, so the repeats show what
+    ranks computing side by side cost each other (memory, caches)."""
     import torch
     import torch.distributed as dist
 
@@ -241,8 +241,7 @@ def _model_step(compute_s: float, device, group):
         guess = torch.tensor([rows * compute_s / alone], dtype=torch.float64, device=device)
         dist.all_reduce(guess, op=dist.ReduceOp.MIN, group=group)
         rows = max(1, min(MAX_COMPUTE_ROWS, int(float(guess))))
-    step = run(rows)
-    return step, _alone(step, device, group)
+    return run(rows)  # timed alone beside each size's repeats (_after_compute)
 
 
 def _alone(step, device, group, times: int = 3) -> float:

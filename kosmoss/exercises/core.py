@@ -223,10 +223,11 @@ def catalogue(lesson: Optional[str] = None) -> List[Exercise]:
 
 
 def lesson_key(lesson: str) -> str:
-    """The catalogue's key for what a learner typed: 3 is 03, 03b (or 3b) lesson 3b's lab."""
-    if re.fullmatch(r"\d[a-z]?", lesson):
-        lesson = "0" + lesson
-    return LESSON_ALIASES.get(lesson, lesson)
+    """The catalogue's key for what a learner typed: 3 is 03, 03b (or 3b) lesson 3b's lab;
+    anything else as typed, so that an unknown lesson is named as the learner wrote it."""
+    padded = "0" + lesson if re.fullmatch(r"\d[a-z]?", lesson) else lesson
+    key = LESSON_ALIASES.get(padded, padded)
+    return key if key in LESSON_MODULES else lesson
 
 
 def module_name(lesson: str) -> str:

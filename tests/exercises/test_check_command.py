@@ -85,6 +85,7 @@ def test_raising_cell_and_bad_input_exit_2_with_one_line(tmp_path, capsys):
                          (["check", "07", "--notebook", str(tmp_path / "gone.ipynb")],
                           "--notebook"),
                          (["check", "03c"], "unknown lesson '03c'"),
+                         (["check", "3c"], "unknown lesson '3c'"),  # as typed
                          (["check"], "give a lesson (01, 02,")):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
