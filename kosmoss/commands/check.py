@@ -43,14 +43,14 @@ def register(subparsers) -> None:
 
 
 def check_command(args: argparse.Namespace) -> None:
-    from ..exercises.core import LESSON_MODULES, lesson_key
+    from ..exercises.core import lesson_choices, lesson_key
 
     if args.lesson is not None:
         args.lesson = lesson_key(args.lesson)
     if args.list:
         return list_exercises(args.json, args.lesson)
     if args.lesson is None:
-        raise UsageError(f"give a lesson ({', '.join(LESSON_MODULES)}), e.g. `kosmoss check 03`, "
+        raise UsageError(f"give a lesson ({lesson_choices()}), e.g. `kosmoss check 03`, "
                          "or --list")
     from ..exercises.core import catalogue, find
     from ..exercises.judging import judge_sources

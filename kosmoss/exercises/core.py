@@ -26,11 +26,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from ..core.errors import UsageError
 from .guard import Forbidden, raise_if_hit, tripwire
 
-LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "04": "lesson04",
-                  "05": "lesson05", "06": "lesson06", "07": "lesson07", "08": "lesson08",
-                  "08b": "lesson08b",
-                  "metrics": "metrics", "09": "lesson09", "09b": "lesson09b", "10": "lesson10",
-                  "11": "lesson11", "12": "lesson12"}
+LESSON_MODULES = {"01": "lesson01", "02": "lesson02", "03": "lesson03", "metrics": "metrics",
+                  "04": "lesson04", "05": "lesson05", "06": "lesson06", "07": "lesson07",
+                  "08": "lesson08", "08b": "lesson08b", "09": "lesson09", "09b": "lesson09b",
+                  "10": "lesson10", "11": "lesson11", "12": "lesson12"}
 # Lesson 3b's exercises carry the lab's own key, "metrics" (its notebook's name holds it).
 LESSON_ALIASES = {"03b": "metrics"}
 MARKER = re.compile(r"^#\s*exercise:\s*(\S+)\s*$")
@@ -230,10 +229,16 @@ def lesson_key(lesson: str) -> str:
     return key if key in LESSON_MODULES else lesson
 
 
+def lesson_choices() -> str:
+    """The lessons in course order, as a learner types them ("03b", not the lab's key)."""
+    typed = {key: alias for alias, key in LESSON_ALIASES.items()}
+    return ", ".join(typed.get(key, key) for key in LESSON_MODULES)
+
+
 def module_name(lesson: str) -> str:
     if lesson not in LESSON_MODULES:
         raise UsageError(f"unknown lesson {lesson!r}: choose one of "
-                         f"{', '.join(LESSON_MODULES)} (kosmoss check --list shows them all)")
+                         f"{lesson_choices()} (kosmoss check --list shows them all)")
     return LESSON_MODULES[lesson]
 
 

@@ -86,10 +86,11 @@ def test_raising_cell_and_bad_input_exit_2_with_one_line(tmp_path, capsys):
                           "--notebook"),
                          (["check", "03c"], "unknown lesson '03c'"),
                          (["check", "3c"], "unknown lesson '3c'"),  # as typed
-                         (["check"], "give a lesson (01, 02,")):
+                         (["check"], "give a lesson (01, 02, 03, 03b, 04,")):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
+        assert "metrics" not in err, "a learner types 03b, not the lab's key"
 
 
 @pytest.mark.parametrize("typed, key", [("03b", "metrics"), ("3b", "metrics"), ("3", "03"),
