@@ -247,7 +247,8 @@ else:
 # sends the weights once, then gradients (overlapped with the backward pass) and
 # buffers, and works the same on one host or many. PyTorch's documentation recommends
 # DDP even on a single machine; Lightning 2 removed its DP strategy, and kept the others
-# (DDP and its launchers, FSDP, DeepSpeed, XLA), as its registry of strategies says:
+# (single device, DDP and its launchers, FSDP, DeepSpeed, XLA), as its registry of
+# strategies says:
 
 # %%
 from pytorch_lightning.strategies import StrategyRegistry
@@ -275,9 +276,9 @@ else:
 # A fork copies the kernel's memory but not its threads: the OpenMP thread pool the
 # kernel computed with is gone in the ranks, and a rank that asks for two threads or more
 # waits forever for threads that do not exist. Lightning's launcher gives each rank
-# cores ÷ ranks threads (rounded down) unless `OMP_NUM_THREADS` is set: wherever that
-# gives a rank several threads, both ranks would hang in their first step (the cell
-# prints what Lightning would give them here). `one_thread_per_forked_rank()` sets one thread for
+# cores ÷ ranks threads (rounded down, never fewer than one) unless `OMP_NUM_THREADS` is
+# set: wherever that gives a rank several threads, both ranks would hang in their first
+# step (the cell prints what Lightning would give them here). `one_thread_per_forked_rank()` sets one thread for
 # the fork and gives the kernel its own back afterwards (the cell prints both).
 
 
@@ -369,7 +370,7 @@ from kosmoss.devices.cpus import available_cores
 cores = available_cores()
 print(f"{cores} core(s); one process computes with {cores_per_process(1)} thread(s), each of "
       f"the two ranks with {cores_per_process(2)} (Lightning sets OMP_NUM_THREADS to the "
-      "cores divided by the ranks)")
+      "cores divided by the ranks, where it is not set)")
 for processes, result in results.items():
     assert result["global_batch_size"] == 128 and result["world_size"] == processes
 assert two["replicas_identical"]
@@ -395,17 +396,17 @@ print("DDP pays off when each rank has a device of its own.")
 # torch's "Cannot re-initialize CUDA in forked subprocess". Lightning 2.6 no longer refuses
 # such a fork itself: its check (`_check_bad_cuda_fork`) asks torch whether the kernel is
 # a bad fork, which it never is. Counting GPUs with `torch.cuda.device_count()` is safe
-# where NVML answers (torch asks it first; its fallback would poison the fork, says its
-# docstring). With fewer GPUs than ranks, NCCL refuses to put two ranks on one GPU,
-# so kosmoss's `sharing` picks gloo and a memory share (lesson 5). The cell below uses the
-# GPUs when there are any.
+# where NVML answers: torch asks NVML first, and its docstring says the call does not
+# poison the fork when NVML discovery succeeds. With fewer GPUs than ranks, NCCL refuses
+# to put two ranks on one GPU, so kosmoss's `sharing` picks gloo and a memory share
+# (lesson 5). The cell below uses the GPUs when there are any.
 
 # %%
 from pytorch_lightning.strategies import DDPStrategy
 
 from kosmoss.devices import sharing
 
-gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA
+gpus = torch.cuda.device_count()  # asks NVML first: no CUDA initialised where NVML answers
 if gpus >= 2:
     accelerator, share = "gpu", sharing(2, gpus)
     print(f"{gpus} GPUs: 2 ranks, one per GPU, backend {share.backend} ({share.reason})")

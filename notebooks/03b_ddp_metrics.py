@@ -21,7 +21,7 @@
 # - the three causes users hit, each found in the code that causes it:
 #   `DistributedSampler` pads a rank's share with duplicates (pytorch issue 25162);
 #   `self.log` without `sync_dist` reports rank 0's share alone; and with `sync_dist`,
-#   Lightning averages the integer count of samples over the ranks, which rounds it
+#   Lightning averages the integer count of samples over the ranks, which truncates it
 #   (Lightning issue 21859);
 # - the fix: reduce **sums and counts**, never means — with torchmetrics, or by hand with
 #   one `all_reduce`.
@@ -145,7 +145,8 @@ print(f"one process:                 {exact:.6f}")
 
 # %% [markdown]
 # Three numbers, none equal to the one-process loss, and the plain one differs between
-# the ranks — the progress bar, the checkpoint callback and the logger all read rank 0's.
+# the ranks — the progress bar and the logger show rank 0's, and each rank's checkpoint
+# callback judges by its own.
 # Lightning's two warnings above name two of the causes (it knew). Let us find each one.
 #
 # ## Cause 1: `DistributedSampler` pads with duplicates
@@ -196,10 +197,11 @@ assert not np.isclose(padded[0]["plain"], padded[1]["plain"], rtol=1e-5)
 
 # %% [markdown]
 # In `training_step` the same holds for the training loss: logged without `sync_dist`,
-# the curve you plot is rank 0's shards alone. With `sync_dist=True` every logged step
-# costs one more all-reduce; kosmoss pays it only on the steps it logs (every
-# `log_every_n_steps`), where all ranks' batches have the same size, so the mean of the
-# ranks' means is the mean of the global batch.
+# the curve you plot is rank 0's shards alone. With `sync_dist=True` every call of
+# `self.log` costs a barrier and an all-reduce, on every step, not only on the steps the
+# loggers write; kosmoss's run path calls it only on those steps (every
+# `log_every_n_steps`, and the first), where all ranks' batches have the same size, so the
+# mean of the ranks' means is the mean of the global batch.
 #
 # ## Cause 3: with `sync_dist`, the count is averaged as an integer
 #

@@ -75,9 +75,10 @@ quiet_lightning()
 #   longer"); Malladi et al. (2022) derive `√k` as *the* rule for Adam and RMSprop from a
 #   stochastic differential equation, where linear is the rule for SGD.
 # - **layer-wise rates**: LARS (You et al., 2017, SGD with momentum) and LAMB (You et
-#   al., 2020, Adam) scale each layer's step by the ratio of its weights' norm to its
-#   update's norm, so that no layer moves too far in one step; they were built for the
-#   largest batches. We use the implementations of the `pytorch-optimizer` library.
+#   al., 2020, Adam) scale each layer's step by the ratio of its weights' norm to the norm
+#   of its gradient (LARS, times a trust coefficient; biases take plain SGD steps) or of
+#   its Adam update (LAMB), so that no layer moves too far in one step; they were built
+#   for the largest batches. We use the implementations of the `pytorch-optimizer` library.
 #
 # kosmoss does the arithmetic in one place, `kosmoss.scaling.plan`, the same that
 # `trainup_cpu.py --scale-lr {none,linear,sqrt} --warmup-steps N` prints before it

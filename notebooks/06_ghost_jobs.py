@@ -88,8 +88,8 @@ def tree_rss(pids):
 # `SIGKILL`, as the out-of-memory killer would: it gets no chance to end its nodes.
 # Every process kosmoss starts asks the kernel, before it runs any Python, to be sent
 # `SIGKILL` when its parent dies (`prctl(PR_SET_PDEATHSIG)`, `kosmoss.launch.die_with`;
-# Lightning's local ranks arm it themselves, `die_with_spawner`). The cell prints what
-# became of the nodes and of the port.
+# the local ranks Lightning starts arm it themselves, with kosmoss's `die_with_spawner`).
+# The cell prints what became of the nodes and of the port.
 
 # %%
 port = free_port()

@@ -109,7 +109,7 @@ assert limit["limit_samples_per_s"] == min(limit["memory_bound_samples_per_s"],
 # - **host**: batches gathered in host memory and copied to the GPU, as a data loader does;
 # - **resident**: both splits on the GPU, the batch gathered there;
 # - **bf16**: bfloat16 autocast, the tensor cores' format;
-# - **fused**: Adam's fused kernel, one launch for every parameter;
+# - **fused**: Adam's fused kernel, one launch for all the parameters;
 # - **compile**: `torch.compile` of the network;
 # - **graphs**: the whole step — gather, forward, backward, Adam — captured once in a CUDA
 #   graph and replayed: no Python, no kernel launch per step;

@@ -213,10 +213,12 @@ print(f"the MLP's gradients, {gradients / 2**20:.2f} MiB: "
 # `α` for each). It packs them into **buckets** of about `bucket_cap_mb` (its default is
 # printed below) in the order backward produces them — the last layer first — and starts a
 # bucket's all-reduce as soon as its last gradient is ready, while backward goes on with
-# the earlier layers. After the first step it rebuilds the buckets in the order the
-# gradients actually came (`rebuilt_bucket_sizes` below). The first bucket has a cap of
-# its own, `dist._DEFAULT_FIRST_BUCKET_BYTES` (one MiB) by default, so that the first
-# all-reduce starts early.
+# the earlier layers. The first step has no such buckets yet: with the default
+# `find_unused_parameters=False`, DDP puts every gradient in one bucket, notes the order
+# the gradients come in, and after the first step builds the buckets in that order
+# (`rebuilt_bucket_sizes` below). While `bucket_cap_mb` is left at its default, the first
+# bucket has a cap of its own, `dist._DEFAULT_FIRST_BUCKET_BYTES` (one MiB), so that the
+# first all-reduce starts early.
 #
 # Two ranks, the MLP with the default cap and with `bucket_cap_mb=0.25`, three steps each; the
 # third step of the small-cap run is recorded with `torch.profiler` and its trace
@@ -418,7 +420,7 @@ assert four_nodes["dominant"] in projection.KNOBS
 # host-staged all-reduce costs a step there, waiting on the GPU included.
 
 # %%
-gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA
+gpus = torch.cuda.device_count()  # asks NVML first: no CUDA initialised where NVML answers
 if gpus >= 2:
     sh([sys.executable, "-m", "kosmoss", "comm", "--ranks", str(gpus), "--max-size", "256M",
         "--out", scratch / "comm-gpu"])
@@ -442,7 +444,7 @@ else:
 # 1. Run the ring with five ranks. What share of the buffer does each rank send, and what
 #    would it be with `n = 1000`?
 # 2. In `ddp_steps`, set `bucket_cap_mb=0.01`. How many buckets do you get, and why does
-#    the first layer's weight still travel alone?
+#    the first layer's weight share its bucket with nothing but its own bias?
 # 3. Replay the outlook with the `25gbe` preset between the nodes instead of InfiniBand:
 #    what does the "dominant" column now say for the fastest device?
 #
@@ -451,9 +453,9 @@ else:
 # ```python
 # # 1. on_ranks(ring_versus_all_reduce, 5): 2(n-1)/n = 1.6 of the buffer; with 1000
 # #    ranks 1.998 — the ring's traffic per rank stays below two buffers' worth.
-# # 2. One bucket per tensor except where tiny tensors (biases) join the next: a bucket
-# #    closes when it reaches the cap, and no gradient is ever split, so the 1.6 MB
-# #    weight is a bucket of its own whatever the cap.
+# # 2. One bucket per layer: each bias is ready just before its weight and, far below the
+# #    cap, waits for it; a bucket closes when it reaches the cap, and no gradient is ever
+# #    split, so the 1.6 MB weight goes with its bias alone, however far over the cap.
 # # 3. The inter-node all-reduce is 16x slower per byte: for the fast devices the step
 # #    is now mostly the all-reduce across nodes, and a link's bandwidth or latency
 # #    becomes the dominant input.

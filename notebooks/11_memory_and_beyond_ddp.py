@@ -235,8 +235,9 @@ assert batch_bf16 == expected_bf16 and batch_fp32 == 4 * BATCH * 2 * N_Y
 print(f"activations bf16-mixed / fp32: {(batch_bf16 + batch_fp32) / measured['activations']:.2f}")
 
 # %% [markdown]
-# With Lightning's `bf16-true` (the weights themselves in bf16) the parameters and gradients halve
-# too, at the cost of precision in the weights' updates; optimizers that keep a float32
+# With Lightning's `bf16-true` (the weights themselves in bf16) the parameters, the gradients
+# and Adam's states (made like the parameters) halve too, at the cost of precision in the
+# weights' updates; optimizers that keep a float32
 # master copy of the weights give part of that back.
 
 # %% [markdown]
@@ -474,7 +475,7 @@ import textwrap
 
 from kosmoss.lessons import sh
 
-gpus = torch.cuda.device_count()  # counting devices does not initialise CUDA
+gpus = torch.cuda.device_count()  # asks NVML first: no CUDA initialised where NVML answers
 if gpus:
     fsdp_script = scratch / "fsdp_run.py"
     fsdp_script.write_text(textwrap.dedent(f"""

@@ -196,10 +196,11 @@ if live:
 #
 # Two details make the return work (docs/hosts.md quotes torch's source): every agent runs
 # with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` — with torch's default, an agent that joins a
-# later round waits forever for a `MASTER_ADDR` the first agent no longer publishes — and,
-# because the remaining steps take seconds here, the survivor's worker is paused until the
-# returning host has joined (on a cluster the run outlasts a reboot). The scenario takes a
-# few minutes, so a quick run of the course shows the record of a run instead.
+# later round waits, until the store's timeout, for a `MASTER_ADDR` the first agent no
+# longer publishes — and, because the remaining steps take seconds here, the survivor's
+# worker is paused until the returning host has joined (on a cluster the run outlasts a
+# reboot). The scenario takes a few minutes, so a quick run of the course shows the record
+# of a run instead.
 
 # %%
 from kosmoss.launch.host_faults import AGENT_ENV, lost_host  # noqa: E402
