@@ -166,7 +166,10 @@ def predict_judge(namespace: dict) -> tuple:
     with _checkpoint() as (path, model):
         for rows in PREDICT_BATCHES:
             x = torch.randn(rows, 9, generator=torch.Generator().manual_seed(rows))
-            message = _prediction_mistake(mine(path, x.clone()), model, x)
+            tracked: list = []
+            with _graphs_built(tracked):
+                got = mine(path, x.clone())
+            message = _prediction_mistake(got, model, x) or _built_graph(got, tracked)
             if message:
                 return failed(f"for {rows} column(s): {message}")
     return passed(f"your fluxes equal the model's in W m-2, for batches of "
@@ -195,6 +198,34 @@ def _prediction_mistake(got, model, x):
         return ("your fluxes are right but track gradients (requires_grad): compute them "
                 "under torch.no_grad() — a prediction needs no graph, and keeps none in memory")
     return None
+
+
+@contextlib.contextmanager
+def _graphs_built(tracked: list) -> Iterator[None]:
+    """Record the modules whose output tracked gradients while the learner's code ran (a
+    forward outside torch.no_grad() builds a graph, whatever is done with its result)."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_hook
+
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            tracked.append(type(module).__name__)
+
+    handle = register_module_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _built_graph(got, tracked: list):
+    """A forward that built a graph, its result detached afterwards (a result that still
+    tracks gradients is told so by _prediction_mistake)."""
+    if not tracked or got.requires_grad:
+        return None
+    return (f"your fluxes are right, but the model's forward ran tracking gradients (the "
+            f"output of {tracked[-1]} required grad): .detach() afterwards does not undo the "
+            "graph it built — compute them under torch.no_grad()")
 
 
 def _prediction_hint(got, expected, normalised, twice) -> str:

@@ -213,7 +213,8 @@ def share_judge(namespace: dict) -> tuple:
     from ..devices.policy import sharing
 
     mine = learner(namespace, "memory_share")
-    for ranks, gpus in SHARE_CASES:
+    setups = share_setups()
+    for ranks, gpus in setups:
         expected = sharing(ranks, gpus)
         setup = f"{ranks} rank(s) on {gpus} GPU(s)"
         got = _share(mine, ranks, gpus, setup)
@@ -233,7 +234,17 @@ def share_judge(namespace: dict) -> tuple:
             return failed(f"{setup}: your share is {show(fraction)}, kosmoss gives "
                           f"{expected.memory_fraction:.3g}: the busiest GPU holds {busiest} "
                           "rank(s) — ranks over GPUs, rounded up")
-    return passed(f"matches kosmoss.devices.policy.sharing in {len(SHARE_CASES)} set-ups")
+    return passed(f"matches kosmoss.devices.policy.sharing in {len(setups)} set-ups")
+
+
+def share_setups() -> list:
+    """SHARE_CASES, a host without a GPU tried with every rank count up to its own: one
+    rank alone there takes gloo too (NCCL needs a GPU, however few the ranks)."""
+    setups = []
+    for ranks, gpus in SHARE_CASES:
+        setups += [(fewer, gpus) for fewer in range(1, ranks) if gpus == 0]
+        setups.append((ranks, gpus))
+    return setups
 
 
 def _share(mine, ranks: int, gpus: int, setup: str):

@@ -35,13 +35,15 @@ def _toy_class():
     from torch import nn
 
     class Toy(nn.Module):
-        """Three layers and a frozen parameter between them (DDP skips it; it has no
-        .grad). Parameter bytes, last first: 20, 320, 64, 1024, 64, 768."""
+        """Three layers and a frozen parameter between them (DDP reduces no gradient of
+        it, it has none, but broadcasts it from rank 0 when built, as every parameter;
+        drawn from the seed, it differs from rank to rank until then). Parameter bytes,
+        last first: 20, 320, 64, 1024, 64, 768."""
 
         def __init__(self):
             super().__init__()
             self.first = nn.Linear(12, 16)
-            self.scale = nn.Parameter(torch.tensor([0.5]), requires_grad=False)
+            self.scale = nn.Parameter(0.25 + 0.5 * torch.rand(1), requires_grad=False)
             self.second = nn.Linear(16, 16)
             self.third = nn.Linear(16, 5)
 
@@ -58,7 +60,7 @@ def toy(seed: int, dtype: str = "float32"):
     import torch
 
     torch.manual_seed(seed)
-    return _toy_class()().to(getattr(torch, dtype))  # the frozen scale is 0.5 everywhere
+    return _toy_class()().to(getattr(torch, dtype))  # the frozen scale differs too
 
 
 def shard(step: int, rank: int, world_size: int, dtype: str = "float32"):
@@ -733,11 +735,25 @@ def _cap_bytes(run: dict) -> int:
 
 
 def _wrong_start(run: dict, rank0: dict, rank: int) -> Optional[str]:
-    if float((run["start"] - rank0["start"]).abs().max()) == 0:
+    differ = run["start"] != rank0["start"]
+    if not bool(differ.any()):
         return None
+    frozen = _frozen_mask()
+    if bool(differ[frozen].all()) and not bool(differ[~frozen].any()):
+        return (f"rank {rank} did not start from rank 0's frozen parameter: broadcast every "
+                "parameter from rank 0 in __init__, the frozen one (requires_grad=False) too "
+                "— DDP broadcasts it when it is built; only its gradient is skipped")
     return (f"rank {rank} did not start from rank 0's weights: broadcast every parameter "
             "from rank 0 in __init__ (dist.broadcast(parameter, src=0)), as DDP does when it "
             "is built")
+
+
+def _frozen_mask():
+    """Which elements of the flattened parameters belong to a frozen parameter."""
+    import torch
+
+    return torch.cat([torch.full((p.numel(),), not p.requires_grad)
+                      for p in toy(0).parameters()])
 
 
 def _steps(events: list) -> List[list]:

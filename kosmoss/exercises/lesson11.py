@@ -151,8 +151,8 @@ def accumulate_judge(namespace: dict) -> tuple:
         generator = torch.Generator().manual_seed(batch)
         x = torch.randn(batch, 12, generator=generator)
         y = torch.randn(batch, 5, generator=generator)
-        model, seen, steps = _run_learner(mine, x, y, micro)
-        message = _accumulate_mistake(model, x, y, seen, steps, micro)
+        model, (seen, before), steps = _run_learner(mine, x, y, micro)
+        message = _accumulate_mistake(model, x, y, seen, steps, micro) or _graphs_held(before)
         if message:
             return failed(f"batch {batch} in {micro} micro-batch(es): {message}")
     return passed(f"the same step as the full batch in {len(ACCUMULATE_CASES)} cases, batches "
@@ -161,21 +161,30 @@ def accumulate_judge(namespace: dict) -> tuple:
 
 def _run_learner(mine, x, y, micro: int):
     """The learner's step on a fresh model whose .grad holds stale values: (model, the
-    rows of each forward pass, the calls of optimizer.step)."""
+    rows of each forward pass, the calls of optimizer.step, the backward passes done
+    before each forward pass)."""
     import torch
 
     model = _small_model()
     for param in model.parameters():
         param.grad = torch.full_like(param, STALE_GRADIENT)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    seen, steps = [], []
+    seen, steps, backwards, before = [], [], [], []
     optimizer.register_step_pre_hook(lambda *args: steps.append(1))
-    hook = model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+
+    def forward(module, args):
+        seen.append(len(args[0]))
+        before.append(len(backwards))
+
+    hooks = [model.register_forward_pre_hook(forward),
+             # the first layer's weight: its gradient comes last in every backward pass
+             model[0].weight.register_hook(lambda grad: backwards.append(1))]
     try:
         mine(model, optimizer, x, y, micro)
     finally:
-        hook.remove()
-    return model, seen, len(steps)
+        for hook in hooks:
+            hook.remove()
+    return model, (seen, before), len(steps)
 
 
 def _accumulate_mistake(model, x, y, seen, steps: int, micro: int):
@@ -196,6 +205,19 @@ def _accumulate_mistake(model, x, y, seen, steps: int, micro: int):
         return None
     return f"your weights differ from the full batch's step by {gap:.2g}" + _accumulate_why(
         model, x, y, micro, moved, expected)
+
+
+def _graphs_held(before: List[int]):
+    """A slice's forward pass before the backward of the slices before it: their graphs,
+    and the activations they hold, are all in memory at once."""
+    early = [index for index, done in enumerate(before) if done < index]
+    if not early:
+        return None
+    index = early[0]
+    return (f"the forward pass of slice {index + 1} ran before the backward of slice "
+            f"{before[index] + 1}: every slice's graph (its activations) was in memory at "
+            "once, as for the whole batch — call backward on each slice's loss before the "
+            "next slice's forward (not on the sum of the losses, nor after the loop)")
 
 
 def _accumulate_why(model, x, y, micro: int, moved, expected) -> str:
@@ -665,7 +687,8 @@ def _row_calls(seen: List[tuple], case: tuple):
                     "layer's output (the next layer runs on all of them) — all_reduce it")
         if "all_gather" in names or "all_gather_into_tensor" in names:
             return ("you gathered the outputs, as after a column-parallel layer: a row-parallel "
-                    "layer sums its ranks' partial products — all-reduce them")
+                    "layer sums its ranks' partial products — all-reduce them (gathered, every "
+                    "rank holds world-size copies of the output before it sums them)")
         return None  # the values say what is missing
     reduces = [numel for name, numel in seen if name == "all_reduce"]
     if len(seen) != 1:

@@ -219,6 +219,8 @@ PICK_CASES = (
     # a /22 is no whole number of octets: 10.1.9.9 is outside 10.1.4.0/22, 10.1.6.1 inside
     ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.9.9"),
     ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.6.1"),
+    # the loopback under macOS's name: the one whose network holds 127.0.0.1, whatever it is
+    ({"lo0": ["127.0.0.1/8"], "en0": ["192.168.1.20/24"]}, "127.0.0.1"),
 )
 
 
@@ -239,9 +241,17 @@ def pick_judge(namespace: dict) -> tuple:
             return failed(f"interfaces {interfaces}, MASTER_ADDR {master}: yours is {got!r}, "
                           f"the route goes over {right!r}"
                           + (mistake(PICK_WRONG, "pick_interface", PICK_CASES, answers)
-                             or _octets_hint(interfaces)))
+                             or _unknown_hint(got, interfaces) or _octets_hint(interfaces)))
     return passed(f"the route's interface in {len(PICK_CASES)} cases, overlapping networks "
                   "and no route included")
+
+
+def _unknown_hint(got, interfaces: Dict[str, List[str]]) -> str:
+    if got is None or got in interfaces:
+        return ""
+    return (f": {got!r} is no interface of this host — return one of the names in "
+            "`interfaces`, the one whose network holds MASTER_ADDR (the loopback too has "
+            "another name on another system)")
 
 
 def _octets_hint(interfaces: Dict[str, List[str]]) -> str:
