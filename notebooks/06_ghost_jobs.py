@@ -32,7 +32,7 @@
 # A distributed run is several processes. If the one that started the others dies
 # without ending them — `kill -9`, the out-of-memory killer, a closed terminal, a
 # notebook kernel restarted mid-run — the others may live on. They hold GPU memory, the
-# cores, and `MASTER_PORT`: the next run fails with "Address already in use", or finds no
+# cores, and `MASTER_PORT`: the next run fails with EADDRINUSE ("address already in use"), or finds no
 # GPU memory left. The original course's advice was to find the pid in nvitop and
 # `kill` it by hand (and its notebook shipped a `kill 99999999` that failed).
 #
@@ -344,7 +344,7 @@ elif gpus():
 # %% [markdown]
 # **Find which process holds a port.**
 #
-# A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
+# A ghost rank keeps `MASTER_PORT`: the next run fails with EADDRINUSE ("address already in use").
 # Write `port_holder(port)`: the pid (an integer) of the process *listening* on TCP port
 # `port` on this machine, or `None` when nobody listens there. Use `psutil` (its
 # `net_connections` lists every socket with its local address, status and pid). The

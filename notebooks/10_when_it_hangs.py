@@ -18,7 +18,7 @@
 # - what each common failure of a data-parallel run looks like from the outside, by making
 #   it happen for real on two CPU ranks: a slow rank, a rank stuck in its `training_step`,
 #   a rank killed with `SIGKILL`, a rank that never joins, collectives called in a
-#   different order on different ranks, and "Address already in use";
+#   different order on different ranks, and EADDRINUSE ("address already in use");
 # - which tool answers which question: `kosmoss watch` (which rank is slow?), `kosmoss
 #   stacks` (where is each rank now?), the start-up check and the collective timeout (the
 #   run names the missing rank itself), `TORCH_DISTRIBUTED_DEBUG=DETAIL` (which collectives
@@ -279,7 +279,7 @@ assert all("Detected mismatch between collectives" in out for out in said["DETAI
 # channel: the error comes at once and names both calls. The check adds communication of
 # its own before every collective, so set it while you hunt, not in production.
 #
-# ## "Address already in use"
+# ## EADDRINUSE ("address already in use")
 #
 # A run's rank 0 listens on `MASTER_PORT` for the others (PyTorch's TCPStore). If any
 # process holds that port — often the ghost of an earlier run — the new run cannot start.

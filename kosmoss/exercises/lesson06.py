@@ -14,7 +14,7 @@ from .core import Exercise, Mistake, failed, learner, passed
 HOLDER_STATEMENT = """\
 **Find which process holds a port.**
 
-A ghost rank keeps `MASTER_PORT`: the next run fails with "Address already in use".
+A ghost rank keeps `MASTER_PORT`: the next run fails with EADDRINUSE ("address already in use").
 Write `port_holder(port)`: the pid (an integer) of the process *listening* on TCP port
 `port` on this machine, or `None` when nobody listens there. Use `psutil` (its
 `net_connections` lists every socket with its local address, status and pid). The

@@ -19,8 +19,8 @@ named with ``--pid``. Another user's process is listed where it holds a GPU or t
 never ended, whatever mark it carries.
 
 Each entry says in ``causes`` why it matters to the next run: it holds the MASTER_PORT a new
-run wants ("Address already in use"), it is an orphaned rank still holding a CUDA context
-(and how much), a data worker of a dead rank, the RAM it frees when it ends.
+run wants (EADDRINUSE, "address already in use"), it is an orphaned rank still holding a CUDA
+context (and how much), a data worker of a dead rank, the RAM it frees when it ends.
 
 Modules: :mod:`.members` (which live processes belong to which run, whatever their home),
 :mod:`.find` (the verdicts and why each ghost matters), :mod:`.gpu` (who holds GPU memory,

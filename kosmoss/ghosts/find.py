@@ -288,7 +288,7 @@ def _causes(ghost: Ghost, member: Optional[Member]) -> List[str]:
     for port in ghost.ports:
         if port in wanted:
             causes.append(f"holds port {port}, {wanted[port]}: a new run on it fails with "
-                          "\"Address already in use\"")
+                          "EADDRINUSE (\"address already in use\")")
     if ghost.kind not in KOSMOSS_GHOSTS:
         return causes
     role = "data worker" if ghost.kind == WORKER_ORPHANED else \

@@ -20,7 +20,7 @@ def free_port() -> int:
 
 def check_master_port(topology: Topology) -> None:
     """A MASTER_PORT the user set must be free before we start ranks on it, or they would
-    fail with "Address already in use" one by one; name who holds it."""
+    fail with EADDRINUSE ("address already in use") one by one; name who holds it."""
     port = os.environ.get("MASTER_PORT")
     if port is None or not topology.launcher.starts_ranks:  # set but empty: not a port either
         return
