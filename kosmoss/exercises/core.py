@@ -224,7 +224,8 @@ def catalogue(lesson: Optional[str] = None) -> List[Exercise]:
 def lesson_key(lesson: str) -> str:
     """The catalogue's key for what a learner typed: 3 is 03, 03b (or 3b) lesson 3b's lab;
     anything else as typed, so that an unknown lesson is named as the learner wrote it."""
-    padded = "0" + lesson if re.fullmatch(r"\d[a-z]?", lesson) else lesson
+    typed = lesson.lower()  # 3B is lesson 3b, as a learner may type it
+    padded = "0" + typed if re.fullmatch(r"\d[a-z]?", typed) else typed
     key = LESSON_ALIASES.get(padded, padded)
     return key if key in LESSON_MODULES else lesson
 

@@ -93,7 +93,7 @@ def test_raising_cell_and_bad_input_exit_2_with_one_line(tmp_path, capsys):
         assert "metrics" not in err, "a learner types 03b, not the lab's key"
 
 
-@pytest.mark.parametrize("typed, key", [("03b", "metrics"), ("3b", "metrics"), ("3", "03"),
+@pytest.mark.parametrize("typed, key", [("03b", "metrics"), ("3b", "metrics"), ("3B", "metrics"), ("3", "03"),
                                         ("8b", "08b"), ("metrics", "metrics"), ("12", "12")])
 def test_a_lesson_is_found_by_the_number_the_course_gives_it(typed, key, tmp_path, capsys):
     """Lesson 3b's lab answers to 03b as 08b and 09b do; one digit is the lesson's too."""
