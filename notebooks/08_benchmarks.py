@@ -34,7 +34,7 @@ from IPython.display import Image, display
 
 from kosmoss.devices.cpus import available_cores, cores_per_process
 from kosmoss.data import presets
-from kosmoss.lessons import quiet_lightning, sh, scratch_folder
+from kosmoss.lessons import quick, quiet_lightning, sh, scratch_folder
 from kosmoss.model import LitMLP
 
 quiet_lightning()
@@ -62,7 +62,10 @@ lesson_rows = ["raw-cpu", "lightning-cpu", "fabric-cpu", "kosmoss-cpu", "ddp-cpu
                "nodes-cpu-2x1", "horovod-cpu-2", "loader-course", "loader-kosmoss",
                "raw-gpu", "lightning-gpu", "fabric-gpu", "kosmoss-gpu", "nodes-gpu-2x1",
                "raw-gpu-bf16", "kosmoss-gpu-bf16", "horovod-gpu-2"]
-sh([sys.executable, "-m", "kosmoss", "bench", "--quick", "--only", *lesson_rows, "--out", out])
+# CI's quick mode (KOSMOSS_LESSON_QUICK=1) runs each set-up once; yours repeats them.
+once = ["--repeats", "1"] if quick() else []
+sh([sys.executable, "-m", "kosmoss", "bench", "--quick", "--only", *lesson_rows, *once,
+    "--out", out])
 print(sorted(p.name for p in out.iterdir()))
 
 # %% [markdown]

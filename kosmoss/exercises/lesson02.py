@@ -20,7 +20,7 @@ Write `predict_wm2(checkpoint_path, x)`: load the `LitMLP` saved at `checkpoint_
 (no dataset, no statistics at hand: they are in the checkpoint's buffers) and return its
 prediction for the columns `x` (a float32 tensor, one flattened column per row; a batch
 may hold a single column) as a tensor in W m-2, of shape (columns, targets), computed
-without tracking gradients. The checker saves a small model with known statistics and
+without tracking gradients and leaving `x` as it was. The checker saves a small model with known statistics and
 compares your fluxes with the model's, to float32 rounding.
 """
 
@@ -105,6 +105,17 @@ def predict_wm2(checkpoint_path, x):
     with torch.no_grad():
         return model(x).numpy()
 """, "return the tensor"),
+    "normalises x in place": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    with torch.no_grad():
+        x.sub_(model.x_mean).div_(model.x_std)
+        return model.net(x) * model.y_std + model.y_mean
+""", "x changed in place"),
     "squeezes the batch": Mistake("""
 import torch
 from kosmoss.model import LitMLP
@@ -167,13 +178,25 @@ def predict_judge(namespace: dict) -> tuple:
         for rows in PREDICT_BATCHES:
             x = torch.randn(rows, 9, generator=torch.Generator().manual_seed(rows))
             tracked: list = []
+            given = x.clone()
             with _graphs_built(tracked):
-                got = mine(path, x.clone())
-            message = _prediction_mistake(got, model, x) or _built_graph(got, tracked)
+                got = mine(path, given)
+            message = (_prediction_mistake(got, model, x) or _built_graph(got, tracked)
+                       or _changed_input(given, x))
             if message:
                 return failed(f"for {rows} column(s): {message}")
     return passed(f"your fluxes equal the model's in W m-2, for batches of "
                   f"{' and '.join(map(str, PREDICT_BATCHES))} column(s)")
+
+
+def _changed_input(given, x):
+    """A prediction that normalises x in place hands the caller back other columns."""
+    import torch
+
+    if given.shape == x.shape and torch.equal(given, x):
+        return None
+    return ("your fluxes are right but x changed in place (e.g. x.sub_): the caller's "
+            "columns are theirs — normalise a new tensor, as the model's forward does")
 
 
 def _prediction_mistake(got, model, x):
