@@ -56,9 +56,14 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
     try:
         context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
                                      start_method="spawn")
-    finally:
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
     try:
+        # A stop held during the spawn is raised here, inside the try that ends the ranks:
+        # raised before `context` existed, it left them running, and the interpreter's exit
+        # then waited for them (multiprocessing joins its children at exit).
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         while not context.join():
             pass
     except mp.ProcessExitedException as failure:

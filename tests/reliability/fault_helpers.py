@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -143,3 +144,8 @@ def measuring_rank(rank: int, result: str, abort_after: bool) -> None:
         os.abort()
     else:
         os.abort()
+
+
+def sleeping_rank(rank: int, seconds: float) -> None:
+    """A rank of a measurement that is still working when it is stopped."""
+    time.sleep(seconds)

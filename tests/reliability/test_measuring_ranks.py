@@ -2,9 +2,12 @@
 rank 0 wrote the figures, costs nothing; one that dies before fails the measurement."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch.multiprocessing as mp
-from fault_helpers import measuring_rank
+from fault_helpers import measuring_rank, sleeping_rank
 
 from kosmoss.launch.spawn import spawn_for_result, write_result
 
@@ -25,3 +28,34 @@ def test_figures_are_written_whole_or_not_at_all(tmp_path):
     path = tmp_path / "figures.json"
     write_result(str(path), {"a": 1})
     assert path.read_text() == '{"a": 1}' and not (tmp_path / "figures.json.partial").exists()
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number):
+    """Ctrl-C or SIGTERM while the ranks are being started (a loaded machine makes that
+    last): held until the spawner has the ranks, then raised where it ends them. Raised
+    before, it left them running, and the command's exit waited for them."""
+    started = []
+    real_start = mp.start_processes
+
+    def start_then_stopped(*args, **kwargs):
+        context = real_start(*args, **kwargs)
+        started.extend(context.processes)
+        os.kill(os.getpid(), number)  # lands while the spawner still holds stop signals
+        return context
+
+    monkeypatch.setattr(mp, "start_processes", start_then_stopped)
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # as kosmoss's commands
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            spawn_for_result(sleeping_rank, (120,), 3, str(tmp_path / "never.json"))
+        alive = [process.pid for process in started if process.is_alive()]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for process in started:
+            process.kill()
+    assert len(started) == 3 and not alive, f"ranks left running: {alive}"
+
+
+def _raise_keyboard_interrupt(number, frame):
+    raise KeyboardInterrupt
