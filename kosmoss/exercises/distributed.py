@@ -151,10 +151,10 @@ def _watch(ranks, tails, tasks: List[Task], scratch: Path, exercise_s: float):
     current, since = None, None
     while True:
         counts = [_count(scratch, rank) for rank in range(len(ranks))]
-        ended = _ended(ranks, counts, len(tasks))
+        ended = _ended(ranks, counts, len(tasks), tails)
         if ended is not None:  # counted before the poll: it may have finished since, and left
             counts = [_count(scratch, rank) for rank in range(len(ranks))]
-            ended = _ended(ranks, counts, len(tasks))
+            ended = _ended(ranks, counts, len(tasks), tails)
         if ended is not None:
             rank, code = ended
             said = tails[rank][1].last_line()
@@ -195,13 +195,27 @@ def _flooded(tails, tasks: int) -> Optional[int]:
     return min(min(over), tasks - 1) if over else None
 
 
-def _ended(ranks, counts, total: int):
-    """(rank, exit code) of a process that ended before its last task, if one did."""
+# What gloo says in a rank whose peer had gone: that rank's end is the consequence, not the cause.
+PEER_GONE = ("by peer", "caused by a remote worker")
+
+
+def _ended(ranks, counts, total: int, tails=None):
+    """(rank, exit code) of a process that ended before its last task, if one did. Of
+    several, the likeliest cause: one killed by a signal, then one that gloo did not end
+    for a peer that had gone, then the lowest rank."""
+    ended = []
     for rank, (process, count) in enumerate(zip(ranks, counts)):
         code = process.poll()
         if code is not None and (count or 0) < total:  # its results are in: not a failure
-            return rank, code
-    return None
+            ended.append((rank, code))
+    if not ended:
+        return None
+
+    def consequence(rank_code) -> tuple:
+        said = tails[rank_code[0]][1].last_line() if tails else ""
+        return rank_code[1] >= 0, any(text in said for text in PEER_GONE), rank_code[0]
+
+    return min(ended, key=consequence)
 
 
 def _ended_why(rank: int, code: int, last_line: str) -> str:

@@ -33,3 +33,37 @@ def test_a_rank_that_finished_and_left_between_count_and_poll_is_no_failure(tmp_
              _FinishesBetweenCountAndPoll(tmp_path, 1, len(tasks))]
     tails = [(_Tail(), _Tail()) for _ in ranks]
     assert distributed._watch(ranks, tails, tasks, tmp_path, exercise_s=5) is None
+
+
+class _Ended:
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+class _Said:
+    by_task: dict = {}
+
+    def __init__(self, line: str) -> None:
+        self.line = line
+
+    def last_line(self) -> str:
+        return self.line
+
+
+PEER = "[enforce fail at gloo/transport/tcp/pair.cc] Connection closed by peer [127.0.0.1]:5"
+
+
+def test_of_ranks_ended_together_the_cause_is_named_not_the_peers_it_took_down():
+    """A rank killed (the OOM killer, the learner's os.kill) takes gloo's peers down with
+    it within milliseconds: the watcher, seeing both gone, names the killed one."""
+    tails = [(_Said(""), _Said(PEER)), (_Said(""), _Said(""))]
+    assert distributed._ended([_Ended(1), _Ended(-9)], [0, 0], 1, tails) == (1, -9)
+    exited = [(_Said(""), _Said(PEER)), (_Said(""), _Said("ValueError: mine")),
+              (_Said(""), _Said(PEER))]
+    assert distributed._ended([_Ended(1), _Ended(1), _Ended(1)], [0, 0, 0], 1, exited) == (1, 1)
+    assert distributed._ended([_Ended(1), _Ended(1)], [0, 0], 1,
+                              [(_Said(""), _Said(PEER))] * 2) == (0, 1)  # no better guess
+    assert distributed._ended([_Ended(1), _Ended(0)], [1, 0], 1, tails) == (1, 0)  # 0 finished

@@ -38,9 +38,12 @@ def test_sh_stops_the_lesson_when_a_step_fails(capsys):
     assert sh([sys.executable, "-c", "raise SystemExit(3)"], check=False).returncode == 3
 
 
-def test_sh_sizes_tables_to_a_notebook(capsys):
-    done = sh([sys.executable, "-c", "import os; print(os.environ['COLUMNS'])"])
-    assert done.stdout.strip() == str(NOTEBOOK_COLUMNS)
+def test_sh_sizes_tables_to_a_notebook_unless_columns_are_set(capsys, monkeypatch):
+    printed = [sys.executable, "-c", "import os; print(os.environ['COLUMNS'])"]
+    monkeypatch.delenv("COLUMNS", raising=False)  # a kernel's environment has none
+    assert sh(printed).stdout.strip() == str(NOTEBOOK_COLUMNS)
+    monkeypatch.setenv("COLUMNS", "80")  # a learner's own width is kept
+    assert sh(printed).stdout.strip() == "80"
 
 
 def test_quick_mode_follows_the_environment(monkeypatch):
