@@ -20,8 +20,8 @@ Write `predict_wm2(checkpoint_path, x)`: load the `LitMLP` saved at `checkpoint_
 (no dataset, no statistics at hand: they are in the checkpoint's buffers) and return its
 prediction for the columns `x` (a float32 tensor, one flattened column per row; a batch
 may hold a single column) as a tensor in W m-2, of shape (columns, targets), computed
-without tracking gradients and leaving `x` as it was. The checker saves a small model with known statistics and
-compares your fluxes with the model's, to float32 rounding.
+without tracking gradients and leaving `x` as it was. The checker saves a small model with
+known statistics and compares your fluxes with the model's, to float32 rounding.
 """
 
 PREDICT_SKELETON = """
