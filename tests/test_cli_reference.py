@@ -131,3 +131,22 @@ def test_generating_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.split() == ["True", "False", "False"], done.stdout + done.stderr
+
+
+def test_every_flag_of_every_command_refuses_an_empty_value(cli_reference):
+    """``--resume "$RUN"`` with RUN unset once started a new run, ``--dest ""`` copied the
+    lessons into the current folder (Path("") is "."): every value a command takes, typed
+    empty, is one line instead (OneLineParser.add_argument)."""
+    checked = []
+    for top in cli_reference.parsers():
+        for parser, _ in cli_reference.walk(top):
+            for action in cli_reference._actions(parser):
+                if action.nargs in (0, argparse.PARSER, argparse.REMAINDER) or \
+                        isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                    continue  # switches, subcommands, `hosts exec -- COMMAND...`
+                name = f"{parser.prog} {'/'.join(action.option_strings) or action.dest}"
+                with pytest.raises(argparse.ArgumentTypeError, match="an empty value"):
+                    action.type("")
+                checked.append(name)
+    assert "trainup_cpu.py --resume" in checked and "kosmoss stacks run" in checked, checked
+    assert len(checked) > 100, checked

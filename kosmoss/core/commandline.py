@@ -15,11 +15,34 @@ from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints the whole usage block before an error; users get one line."""
+    """argparse prints the whole usage block before an error; users get one line. An empty
+    value (``--resume "$RUN"`` with RUN unset) is an error, not the default or the current
+    folder: argparse would take it, and Path("") is ".", so it would be read as neither."""
+
+    def add_argument(self, *args, **kwargs):
+        if kwargs.get("action", "store") in VALUE_ACTIONS and kwargs.get("nargs") != \
+                argparse.REMAINDER and kwargs.get("default") != "":
+            kwargs["type"] = _not_empty(kwargs.get("type"))
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):
         _say(f"{self.prog}: error: {message} (see --help)")  # once a node, as run_command's
         self.exit(EXIT_USAGE)
+
+
+VALUE_ACTIONS = ("store", "append", "extend")  # the actions that take a typed value
+
+
+def _not_empty(convert: Optional[Callable]) -> Callable:
+    def checked(text: str):
+        if text == "":
+            raise argparse.ArgumentTypeError("an empty value (an unset shell variable?); "
+                                             "give one, or leave it out")
+        return convert(text) if convert is not None else text
+
+    # argparse names the type in its errors ("invalid int value"): keep the name.
+    checked.__name__ = getattr(convert, "__name__", "str")
+    return checked
 
 
 def run_command(prog: str, command: Callable[[], object],

@@ -29,6 +29,9 @@ STRATEGIES = ENGINE_NAMES
 # Long enough for a slow first step on a loaded laptop, short enough for a course; NCCL's
 # own default is 10 minutes, gloo's 30.
 COLLECTIVE_TIMEOUT_S = {"cpu": 120.0, "gpu": 600.0}
+# torch turns the timeout into int64 microseconds: about 9e12 s fits, 8e13 s wrapped round to
+# a client timeout of 6e15 ms (torch 2.13). A year is past any wait worth having.
+MAX_COLLECTIVE_TIMEOUT_S = 365 * 86400
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
     # The rate, warmup and base batch now, with the world size where the flags alone decide
     # it (the rest once the launcher's is known): --batch-size 255 --num-processes 2 is one
     # line before torch is imported, not after seconds of imports.
+    check_launcher_numbers()
     nodes, processes = _world_from_flags(config)
     plan_scaling(config.batch_size, config.lr, config.scale_lr, num_nodes=nodes,
                  devices_per_node=processes, base_batch_size=config.base_batch_size,
@@ -114,9 +118,10 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
         raise ConfigError("num_workers", f"{{field}} {config.num_workers}: must be >= 0")
     if config.steps_per_execution is not None:
         _at_least(config.steps_per_execution, 1, "steps_per_execution")
-    if config.collective_timeout_s is not None and not config.collective_timeout_s > 0:
-        raise ConfigError("collective_timeout_s", f"{{field}} {config.collective_timeout_s}: "
-                          "give a number of seconds > 0")
+    timeout = config.collective_timeout_s
+    if timeout is not None and not (0 < timeout <= MAX_COLLECTIVE_TIMEOUT_S):
+        raise ConfigError("collective_timeout_s", f"{{field}} {timeout}: give a number of "
+                          f"seconds > 0, at most {MAX_COLLECTIVE_TIMEOUT_S} (a year)")
     if config.result_json is not None:
         _check_output(Path(config.result_json))
     _one_of(config.hosts, HOSTS, "hosts")
@@ -132,6 +137,24 @@ def validate(config: RunConfig) -> Tuple[str, ...]:
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                       "SLURM_NTASKS", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                       SIMULATED_NODE_ENV)
+
+
+# The launchers' counts and ranks that torch, Lightning or torchmetrics read with int() at
+# import (torchmetrics' prints.py: LOCAL_RANK): a broken one would be a traceback there.
+LAUNCHER_NUMBERS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                    "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+                    "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "HOROVOD_RANK", "HOROVOD_SIZE",
+                    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_SIZE",
+                    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "PMI_RANK", "PMI_SIZE")
+
+
+def check_launcher_numbers(environment=os.environ) -> None:
+    for name in LAUNCHER_NUMBERS:
+        value = environment.get(name)
+        if value is not None and not value.strip().isdecimal():
+            raise UsageError(f"{name}={value!r} is not a whole number >= 0: unset it, or start "
+                             "the run under the launcher that sets it")
 
 
 def _world_from_flags(config: RunConfig) -> Tuple[int, int]:

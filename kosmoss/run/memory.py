@@ -18,6 +18,9 @@ Per rank, on CPU (float32 training with Adam, the only optimizer of kosmoss.mode
   `--hidden 2000 2000` 63-93 MiB above the parts counted here in seven runs, and 134 MiB in
   a CI run inside a 1,280 MiB cgroup (2026-11-27), which a 128 MiB floor missed.
 
+The data workers are counted apart (``check_workers``), so that the line names
+``--num-workers``, not the model.
+
 Measured against runs: ``tests/reliability/test_memory_limit.py`` runs what this accepts
 inside a cgroup of that size, and shows that what it refuses peaks above it.
 """
@@ -36,6 +39,12 @@ ADAM_STEP_BYTES = 4  # one float32 temporary per parameter during Adam's foreach
 ACTIVATION_COPIES = 2  # the outputs kept for backward, and backward's gradients of them
 SLACK = 0.15
 MIN_SLACK = 192 * 2**20
+# A data worker's own pages (USS): 15-20 MiB on the tiny preset (2 CPU cores, 2026-11-29),
+# rounded up for Python's arenas; its read-ahead batches (DataLoader's prefetch_factor) on
+# top. The training and validation loaders keep theirs alive together (persistent_workers).
+WORKER_BYTES = 32 * 2**20
+PREFETCH = 2
+LOADERS = 2
 
 
 def parameter_count(n_x: int, hidden: Tuple[int, ...], n_y: int) -> int:
@@ -93,6 +102,26 @@ def check_host(rank_need: MemoryNeed, hidden: Tuple[int, ...], ranks_on_host: in
             psutil.virtual_memory().available else ""
         _refuse(rank_need, hidden, f"this host has {gib(have)} for {ranks_on_host} rank(s)"
                                    f"{within}")
+
+
+def workers_bytes(num_workers: int, batch: int, n_x: int, n_y: int) -> int:
+    """What one rank's data workers take on the host: each a fork of the rank, with its own
+    pages and the batches it reads ahead."""
+    per_worker = WORKER_BYTES + PREFETCH * batch * (n_x + n_y) * 4
+    return LOADERS * num_workers * per_worker
+
+
+def check_workers(num_workers: int, workers: int, rank_host: int, runtime: int,
+                  ranks_on_host: int) -> None:
+    """``--num-workers 100000`` forked until the OOM killer came (2 CPU cores, 24 GiB, it took
+    the shell's other jobs too): workers that cannot fit are a one-line error."""
+    have = memory.available_bytes() + runtime  # what this process holds is its own
+    if (rank_host + workers) * ranks_on_host > have:
+        raise ConfigError("num_workers", f"{{field}} {num_workers}: {LOADERS} loaders x "
+                          f"{num_workers} data workers need about {gib(workers)} per rank "
+                          f"({ranks_on_host} rank(s) here, each {gib(rank_host)} itself) and "
+                          f"this host has {gib(have)}: give fewer (workers beyond the cores add "
+                          "no speed; without the flag they are sized from the cores)")
 
 
 def check_gpu(rank_need: MemoryNeed, hidden: Tuple[int, ...], have: float, index: int) -> None:

@@ -133,6 +133,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     num_workers = 0 if data_mode == "device" else (
         config.num_workers if config.num_workers is not None
         else default_num_workers(topology.ranks_on_host))
+    _check_workers(num_workers, need, dataset, policy, topology.ranks_on_host,
+                   scaling.per_device_batch_size)
     steps = steps_per_execution(config.steps_per_execution, topology.world_size, engine,
                                 policy.accelerator, data_mode, num_workers,
                                 num_nodes=topology.num_nodes)
@@ -222,6 +224,15 @@ def _check_memory(hidden: Tuple[int, ...], dataset: PreparedDataset, policy: Dev
     else:
         memory.check_host(rank, hidden, ranks_on_host)
     return rank
+
+
+def _check_workers(num_workers: int, rank: memory.MemoryNeed, dataset: PreparedDataset,
+                   policy: DevicePolicy, ranks_on_host: int, batch: int) -> None:
+    """The data workers on the host, beside what each rank takes there (all of its need on
+    CPU; on a GPU, this process and its slack)."""
+    workers = memory.workers_bytes(num_workers, batch, dataset.n_x, dataset.n_y)
+    rank_host = rank.runtime + rank.slack if policy.gpu else rank.total
+    memory.check_workers(num_workers, workers, rank_host, rank.runtime, ranks_on_host)
 
 
 def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:

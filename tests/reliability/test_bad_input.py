@@ -11,9 +11,9 @@ import pytest
 from helpers import REPO, run_script, small_tmpfs
 
 
-def _imported_modules(args):
+def _imported_modules(args, env_extra=None):
     """Run a launcher with ``-X importtime``: the modules it imported, and its result."""
-    env = {**os.environ, "KOSMOSS_HOME": "/nonexistent-kosmoss-home"}
+    env = {**os.environ, "KOSMOSS_HOME": "/nonexistent-kosmoss-home", **(env_extra or {})}
     proc = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
@@ -45,10 +45,33 @@ def _imported_modules(args):
     (["-m", "kosmoss", "project", "--bucket-mb", "nan"], "--bucket-mb nan: must be a positive"),
     (["-m", "kosmoss", "project", "--bucket-mb", "inf"], "--bucket-mb inf: must be a positive"),
     (["-m", "kosmoss", "project", "--cores", "nan"], "--cores nan: must be a positive number"),
+    # inf reached timedelta's int conversion (an OverflowError traceback); 8e13 s wraps round
+    # in torch's microseconds.
+    (["trainup_cpu.py", "--collective-timeout", "inf"],
+     "--collective-timeout inf: give a number of seconds > 0, at most 31536000 (a year)"),
+    (["trainup_gpu.py", "--collective-timeout", "8e13"], "--collective-timeout 80000000000000.0: give a"),
+    # Typed empty (an unset shell variable): a new run instead of the resume, the lessons
+    # copied into the current folder, the runs folder taken for a run.
+    (["trainup_cpu.py", "--resume", ""], "argument --resume: an empty value"),
+    (["-m", "kosmoss", "lessons", "--dest", ""], "argument --dest: an empty value"),
+    (["-m", "kosmoss", "stacks", ""], "argument RUN: an empty value"),
+    (["-m", "kosmoss", "data", "prepare", "--name", ""], "argument --name: an empty value"),
 ])
 def test_usage_errors_come_before_torch_is_imported(args, names):
     proc, modules, errors = _imported_modules(args)
     assert proc.returncode == 2 and len(errors) == 1 and names in errors[0], errors
+    assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
+
+
+@pytest.mark.parametrize("variables", [{"LOCAL_RANK": "x", "WORLD_SIZE": "2"},
+                                       {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "two"},
+                                       {"RANK": ""}, {"NODE_RANK": "-1"}])
+def test_a_launcher_variable_that_is_no_number_is_one_line_before_torch(variables):
+    """LOCAL_RANK=x was a ValueError traceback from torchmetrics' import (its prints.py)."""
+    name, value = next((n, v) for n, v in variables.items() if not v.isdecimal())
+    proc, modules, errors = _imported_modules(["trainup_cpu.py", "--max-steps", "2"], variables)
+    assert proc.returncode == 2 and len(errors) == 1, errors
+    assert f"{name}={value!r} is not a whole number >= 0: unset it" in errors[0]
     assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
 
 
@@ -118,3 +141,16 @@ def test_a_bad_flag_under_torchrun_is_said_once(shared_home, tmp_path, flags, ex
                        "--no-progress", *flags], tmp_path / "home", timeout=300)
     ours = [line for line in proc.stderr.splitlines() if line.startswith("trainup_cpu.py:")]
     assert proc.returncode != 0 and len(ours) == 1 and expected in ours[0], proc.stderr[-3000:]
+
+
+def test_data_workers_that_cannot_fit_are_one_line_and_none_is_started(shared_home, tmp_path):
+    """--num-workers 100000 forked until the OOM killer came (it took other processes of
+    the machine with it); now the workers are counted with the memory check."""
+    home = tmp_path / "home"
+    proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--max-steps", "2", "--num-workers", "100000"], home, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "--num-workers 100000: 2 loaders x 100000 data workers need about" in lines[0]
+    assert "give fewer" in lines[0]
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
