@@ -270,3 +270,124 @@ def test_worlds_beyond_the_global_batch_are_left_out_and_said(tmp_path, capsys, 
     assert project_command.main([*argv, "--devices", "1", "--nodes", "1"]) == 0
     lines = project_command.summary_lines(json.loads(capsys.readouterr().out))
     assert "one world only: give more --devices or --nodes to compare" in lines[0]
+
+
+# --- Files kosmoss did not write: every shape of JSON is a one-line error or a usable value ---
+
+VALID_RUN = {"world_size": 1, "per_device_batch_size": 256, "train_samples_per_s": 2000.0,
+             "accelerator": "cpu", "steps_per_execution": 8, "loop_step_s": 0.001,
+             "step_time_cv": [0.1]}
+VALID_BENCH = {"kosmoss_bench": 1, "rows": [
+    {"id": "kosmoss-cpu", "status": "measured", "ranks": 1, "samples_per_s": 2000.0,
+     "batch_size": 256, "device": "cpu", "steps_per_execution": 1, "loop_step_s": 0.0}]}
+VALID_COMM = {"plan": {"ranks_per_node": 2, "nodes": 2, "backend": "gloo"}, "date": "2026-11-29",
+              "groups": {"intra": {"fit": {"link_latency_s": 1e-5, "link_bandwidth_Bps": 1e9}},
+                         "inter": {"fit_mean": {"link_latency_s": 2e-5,
+                                                "link_bandwidth_Bps": 1e8}}}}
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    leaves = (st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats()
+              | st.sampled_from(["", "measured", "kosmoss-cpu", "gpu", "x"]))
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+def _places(doc, path=()):
+    """Every (container, key) of a JSON document: where a mutation can go."""
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) \
+        if isinstance(doc, list) else ()
+    for key, value in items:
+        yield path + (key,)
+        yield from _places(value, path + (key,))
+
+
+def _mutated(data, valid):
+    """``valid`` with one value replaced by any JSON, or dropped; or any JSON at all."""
+    import copy
+
+    from hypothesis import strategies as st
+
+    if data.draw(st.integers(0, 5)) == 0:
+        return data.draw(_json_values())
+    doc = copy.deepcopy(valid)
+    path = data.draw(st.sampled_from(list(_places(doc))))
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, dict) and data.draw(st.booleans()):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(_json_values())
+    return doc
+
+
+def _hypothesis_settings():
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_any_result_or_bench_json_gives_a_usable_reference_or_a_usage_error(tmp_path):
+    """A run's or a bench's file edited by hand, cut short or from another tool: --from
+    either reads a samples/s > 0 and a batch >= 1, or says why in one UsageError; never a
+    traceback (a list once raised AttributeError, a 0 samples/s ZeroDivisionError)."""
+    import math
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @_hypothesis_settings()
+    @given(st.data(), st.sampled_from([VALID_RUN, VALID_BENCH]))
+    def check(data, valid):
+        file = tmp_path / "result.json"
+        file.write_text(json.dumps(_mutated(data, valid)))
+        try:
+            reference = projection.read_reference(file)
+        except UsageError as err:
+            assert str(err).startswith(f"--from {file}") or str(err).startswith("--row ")
+            return
+        assert math.isfinite(reference["samples_per_s"]) and reference["samples_per_s"] > 0
+        assert isinstance(reference["batch"], int) and reference["batch"] >= 1
+        spread = reference["step_time_cv"]
+        assert spread is None or (math.isfinite(spread) and spread >= 0)
+        assert reference["device"] in ("cpu", "cuda")
+
+    check()
+
+
+def test_any_comm_json_gives_usable_links_or_a_usage_error():
+    import math
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @_hypothesis_settings()
+    @given(st.data())
+    def check(data):
+        comm = _mutated(data, VALID_COMM)
+        try:
+            links = projection.links_from_comm(comm, "--comm c.json") \
+                if isinstance(comm, dict) else None
+        except UsageError as err:
+            assert str(err).startswith("--comm c.json: ")
+            return
+        for link in links or ():
+            if link is not None:
+                assert math.isfinite(link.latency_s) and link.latency_s >= 0
+                assert math.isfinite(link.bandwidth_Bps) and link.bandwidth_Bps > 0
+
+    check()
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "null", '"result"', "{}"])
+def test_a_json_that_is_no_object_is_one_line_for_from_and_comm(tmp_path, capsys, text):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "result.json").write_text(text)
+    assert f"--from {run / 'result.json'}: " in project_fails(capsys, ["--from", str(run)])
+    assert f"--comm {run / 'result.json'}: not " in \
+        project_fails(capsys, ["--comm", str(run / "result.json"), "--devices", "2"])

@@ -29,7 +29,7 @@ from rich.table import Table
 from ..core.commandline import command_main
 from ..core.errors import UsageError
 from ..core.files import (atomic_write_json, atomic_write_text, atomic_write_with, json_text,
-                          output_folder, read_json, writing_into)
+                          output_folder, read_json_object, writing_into)
 
 HELP = ("predicted DDP scaling (N devices per node x M nodes): step time, samples/s, "
         "efficiency, communication share, break-even, the dominant assumption")
@@ -137,11 +137,7 @@ def _links(args: argparse.Namespace, device: str):
 
     measured = (None, None)
     if args.comm is not None:
-        try:
-            measured = links_from_comm(_read_comm(args.comm), f"--comm {args.comm}")
-        except (OSError, ValueError) as err:
-            raise UsageError(f"--comm {args.comm}: not readable ({err}); give kosmoss comm's "
-                             "comm.json") from None
+        measured = links_from_comm(_read_comm(args.comm), f"--comm {args.comm}")
     intra = preset(args.intra, "--intra") if args.intra else measured[0]
     inter = preset(args.inter, "--inter") if args.inter else \
         measured[1] or preset(DEFAULT_INTER, "--inter")
@@ -157,7 +153,11 @@ def _comm_on_one_machine(args: argparse.Namespace) -> bool:
 
 
 def _read_comm(path: Path) -> dict:
-    return read_json(path.expanduser())
+    try:
+        return read_json_object(path.expanduser())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--comm {path}: not readable ({err}); give kosmoss comm's "
+                         "comm.json") from None
 
 
 def _device(args: argparse.Namespace) -> str:

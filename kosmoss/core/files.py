@@ -73,6 +73,15 @@ def read_json(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> Any:
     return json.loads(read_regular(path, limit))
 
 
+def read_json_object(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> dict:
+    """``read_json`` of a file that must hold one JSON object, as every file kosmoss writes
+    does: a list, a string or null is a ValueError too."""
+    data = read_json(path, limit)
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def read_regular(path: Union[str, Path], limit: int) -> bytes:
     """The bytes of ``path`` when it is a regular file of at most ``limit`` bytes; else
     OSError or ValueError (whose text says why). A FIFO would wait for a writer forever and

@@ -393,7 +393,8 @@ def open_dataset(path: Path, *, verify: bool = True,
     file, or with ``trust_unchanged`` of the files changed since they last matched)."""
     path = Path(path)
     if not path.is_dir():
-        raise DatasetError(f"{path}: no such dataset folder; prepare it with "
+        what = "not a folder" if path.exists() else "no such dataset folder"
+        raise DatasetError(f"{path}: {what}; give a dataset folder, or prepare one with "
                            "`kosmoss data prepare`")
     metadata = _read_metadata(path)
     dataset = PreparedDataset(path, metadata)
@@ -484,9 +485,10 @@ def _stamp(file: Path) -> list:
 
 def _read_verified(folder: Path) -> dict:
     try:
-        return json.loads((folder / VERIFIED_FILE).read_text())
+        stamps = json.loads((folder / VERIFIED_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    return stamps if isinstance(stamps, dict) else {}  # damaged: every file is checked again
 
 
 def _write_verified(folder: Path, stamps: dict) -> None:

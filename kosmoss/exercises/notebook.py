@@ -48,11 +48,15 @@ def code_cells(path: Path) -> List[str]:
         raise UsageError(f"reading a notebook needs jupytext: {INSTALL_HINT}") from None
     try:
         notebook = jupytext.reads(text, fmt=path.suffix.lstrip(".") or "py")
+        # jupytext does not validate: {} or {"cells": [5]} fail on reading the cells.
+        sources = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+        if not all(isinstance(source, str) for source in sources):
+            raise TypeError("a code cell's source is not text")
     except Exception as err:  # jupytext and nbformat raise many kinds for a broken file
         raise UsageError(f"--notebook {path}: cannot read it as a notebook "
                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                          ")") from None
-    return [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    return sources
 
 
 def exercise_cell(cells: List[str], exercise: Exercise, path: Path) -> str:

@@ -15,12 +15,12 @@ Everything here is read, nothing written.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from ..core.errors import ConfigError
+from ..core.files import read_json_object
 from ..launch import records
 from .config import RunConfig, run_folder
 from .flags import flag_names
@@ -117,7 +117,7 @@ def _stored_run(run_dir: Path) -> dict:
     stored = records.read_run(run_dir) or {}
     if not stored.get("config"):
         try:
-            result = json.loads((run_dir / "result.json").read_text())
+            result = read_json_object(run_dir / "result.json")
         except (OSError, ValueError):
             result = {}
         stored = {**stored, "config": result.get("config"),

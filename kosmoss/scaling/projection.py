@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import UsageError
-from ..core.files import read_json
+from ..core.files import read_json_object
 from ..run import lightning_private as private
 
 GB = 1e9
@@ -346,12 +346,23 @@ def _config(row: dict) -> str:
 
 def comm_on_one_machine(comm: dict) -> bool:
     """A kosmoss comm measured across hosts in network namespaces: one machine's cores."""
-    return bool((comm.get("plan") or {}).get("host_namespaces"))
+    plan = comm.get("plan")
+    return isinstance(plan, dict) and bool(plan.get("host_namespaces"))
 
 
 def links_from_comm(comm: dict, flag: str = "--comm") -> Tuple[Link, Optional[Link]]:
     """(intra-node link, inter-node link or None) from ``kosmoss comm``'s JSON."""
-    plan, groups = comm.get("plan", {}), comm.get("groups", {})
+    try:
+        return _links_from_comm(comm, flag)
+    except (KeyError, TypeError, AttributeError) as err:  # a file kosmoss did not write
+        raise UsageError(f"{flag}: not a kosmoss comm JSON ({err!r} in it); write one with "
+                         "kosmoss comm --out DIR") from None
+
+
+def _links_from_comm(comm: dict, flag: str) -> Tuple[Link, Optional[Link]]:
+    plan, groups = comm.get("plan"), comm.get("groups")
+    if not isinstance(plan, dict) or not isinstance(groups, dict):
+        plan, groups = {}, {}
     per_node, nodes = plan.get("ranks_per_node"), plan.get("nodes")
     if not groups or per_node is None or nodes is None:
         raise UsageError(f"{flag}: not a kosmoss comm JSON (no plan or groups); write one with "
@@ -374,7 +385,16 @@ def _link(group: dict, name: str, source: str, flag: str) -> Link:
     if not fit.get("link_bandwidth_Bps"):
         raise UsageError(f"{flag}: in its {name} group time did not grow with size (noise in "
                          "the latency regime?); measure larger sizes or more --repeats")
-    return Link("measured", fit["link_latency_s"], fit["link_bandwidth_Bps"], source)
+    latency, bandwidth = fit["link_latency_s"], fit["link_bandwidth_Bps"]
+    if not (_finite(latency) and latency >= 0 and _finite(bandwidth) and bandwidth > 0):
+        raise UsageError(f"{flag}: its {name} group's fit is not a latency >= 0 and a bandwidth "
+                         f"> 0 ({latency!r}, {bandwidth!r}); measure it again with kosmoss comm")
+    return Link("measured", float(latency), float(bandwidth), source)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def read_reference(path: Path, row: Optional[str] = None) -> dict:
@@ -388,11 +408,25 @@ def read_reference(path: Path, row: Optional[str] = None) -> dict:
         raise UsageError(f"--from {path}: no result.json or bench.json there; give a kosmoss "
                          "run folder, its result.json, or a bench.json")
     try:
-        data = read_json(file)
+        data = read_json_object(file)
     except (OSError, ValueError) as err:
         raise UsageError(f"--from {file}: not readable JSON ({err})") from None
-    return _bench_reference(data, file, row) if "kosmoss_bench" in data else \
-        _run_reference(data, file)
+    try:
+        reference = _bench_reference(data, file, row) if "kosmoss_bench" in data else \
+            _run_reference(data, file)
+    except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:  # not kosmoss's
+        raise UsageError(f"--from {file}: not a kosmoss result.json or bench.json ({err!r} "
+                         "in it); give a kosmoss run folder, its result.json, or a bench.json") \
+            from None
+    samples, batch = reference["samples_per_s"], reference["batch"]
+    if not (_finite(samples) and samples > 0 and isinstance(batch, int) and batch >= 1):
+        raise UsageError(f"--from {file}: its samples/s {samples!r} and batch {batch!r} are not "
+                         "a number > 0 and a whole number >= 1; give a run or bench that trained")
+    spread = reference["step_time_cv"]
+    if spread is not None and not (_finite(spread) and spread >= 0):
+        raise UsageError(f"--from {file}: its step_time_cv {spread!r} is not a number >= 0 (the "
+                         "steps' spread); give a run or bench kosmoss wrote")
+    return reference
 
 
 def _run_reference(result: dict, file: Path) -> dict:
@@ -432,8 +466,15 @@ def _bench_reference(bench: dict, file: Path, row_id: Optional[str]) -> dict:
     row = rows.get(row_id or "")
     if row is None or row.get("ranks") != 1 or not row.get("samples_per_s"):
         usable = [r for r, v in rows.items() if v.get("ranks") == 1 and v.get("samples_per_s")]
+        if not usable:
+            raise UsageError(f"--from {file}: no 1-rank row was measured in it; a projection "
+                             "starts from one device (bench a 1-rank set-up, e.g. --only "
+                             "kosmoss-cpu)")
+        if row_id is None:  # no --row typed, and neither kosmoss row was measured
+            raise UsageError(f"--from {file}: no measured kosmoss-gpu or kosmoss-cpu row; "
+                             f"give --row, one of {', '.join(usable)}")
         raise UsageError(f"--row {row_id}: not a measured 1-rank row of {file}; choose from "
-                         f"{', '.join(usable) or 'none (no 1-rank row was measured)'}")
+                         f"{', '.join(usable)}")
     return {"samples_per_s": one_step_a_batch(row["samples_per_s"], row["batch_size"], row),
             "batch": row["batch_size"],
             "device": "cuda" if row["device"] == "gpu" else "cpu",

@@ -94,6 +94,18 @@ def test_folder_without_metadata_is_named(tmp_path):
         open_dataset(tmp_path / "half")
 
 
+def test_a_file_or_a_fifo_given_as_a_dataset_is_not_a_folder_not_missing(tmp_path):
+    import os
+
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for given in (tmp_path / "file", tmp_path / "fifo", "/dev/null"):
+        with pytest.raises(DatasetError, match=rf"^{given}: not a folder; give a dataset folder"):
+            open_dataset(given)
+    with pytest.raises(DatasetError, match="gone: no such dataset folder"):
+        open_dataset(tmp_path / "gone")
+
+
 def test_corrupted_shard_is_named(random_dataset):
     shard = random_dataset.path / random_dataset.shards[1].x_file
     data = bytearray(shard.read_bytes())
@@ -148,6 +160,20 @@ def test_quick_verify_hashes_only_files_changed_since_they_matched(random_datase
     with pytest.raises(DatasetError):
         open_dataset(random_dataset.path)  # the full check hashes everything
     assert len(hashed) > 1
+
+
+@pytest.mark.parametrize("damaged", ["[1, 2]", "null", "{broken", '{"x_00000.npy": 7}'])
+def test_a_damaged_record_of_verified_files_means_hashing_them_again(random_dataset, damaged):
+    open_dataset(random_dataset.path, trust_unchanged=True)
+    (random_dataset.path / store.VERIFIED_FILE).write_text(damaged)
+    open_dataset(random_dataset.path, trust_unchanged=True)  # no traceback: checked again
+    shard = random_dataset.path / random_dataset.shards[0].x_file
+    (random_dataset.path / store.VERIFIED_FILE).write_text(damaged)
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"x_00000.npy: checksum does not match"):
+        open_dataset(random_dataset.path, trust_unchanged=True)
 
 
 def test_statistics_of_another_feature_count_are_named(random_dataset):

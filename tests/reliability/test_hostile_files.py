@@ -80,6 +80,36 @@ def test_check_notebook_that_is_no_file_is_one_line(capsys, hostile, kind, why):
     assert f"--notebook {path}: {why}; give the lesson's .ipynb or .py" in err
 
 
+def test_check_notebook_of_any_json_is_one_line(capsys, tmp_path):
+    """A notebook cut short, edited by hand, or not one: ``{}`` and ``{"cells": [5]}``
+    were tracebacks (jupytext does not validate what it reads)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    cell = st.fixed_dictionaries({"cell_type": st.sampled_from(["code", "markdown", 7]),
+                                  "source": leaves | st.just("# exercise: 01.x\n")})
+    documents = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                             | st.dictionaries(st.sampled_from(["cells", "metadata",
+                                                                "nbformat", "x"]), inner,
+                                               max_size=3), max_leaves=8) \
+        | st.fixed_dictionaries({"cells": st.lists(cell | leaves, max_size=3)},
+                                optional={"nbformat": st.sampled_from([4, "4", None]),
+                                          "nbformat_minor": st.integers(0, 6),
+                                          "metadata": st.just({})})
+    path = tmp_path / "01_context_and_data.ipynb"
+
+    @settings(max_examples=150, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(documents)
+    def check_one(document):
+        path.write_text(json.dumps(document))
+        err = _one_line(capsys, check.main, ["--notebook", str(path), "01"])
+        assert err.startswith("kosmoss check: error: "), err
+
+    check_one()
+
+
 @pytest.mark.timeout(60)
 def test_project_from_a_fifo_result_is_one_line(capsys, tmp_path):
     run = tmp_path / "run"

@@ -204,3 +204,14 @@ def test_a_resume_on_a_dataset_prepared_again_with_other_data_is_refused(tmp_pat
     prepare_data(SyntheticSource(600, seed=1), folder, shard_size=256, force=True)
     again = run_in_process(tmp_path / "home", monkeypatch, resume=result["run_id"], max_steps=6)
     assert again["global_step"] == 6 and again["resumed_from_step"] == 3
+
+
+@pytest.mark.parametrize("result", ["[1, 2]", "null", '"done"', "{broken"])
+def test_damaged_records_leave_the_settings_unknown_not_a_traceback(tmp_path, result):
+    """run.json unreadable, result.json no object: no stored settings (the checkpoint's
+    model and the typed flags decide), not an AttributeError."""
+    from kosmoss.run.resume import _stored_run
+
+    (tmp_path / "run.json").write_text("{broken")
+    (tmp_path / "result.json").write_text(result)
+    assert _stored_run(tmp_path)["config"] is None
