@@ -65,18 +65,29 @@ def on_hosts(plan: CommPlan, made) -> CommPlan:
 
 # Each rank holds its payload, and gloo (or NCCL) stages as much again while reducing it.
 COPIES_PER_RANK = 2
+# A rank is a Python process with torch and gloo loaded: 151-217 MiB of its own (USS) during
+# a 4 KiB..64 MiB run on 2 CPU cores (2026-11-29), the payload's copies included.
+RANK_PROCESS_BYTES = 192 * 2**20
 
 
 def _check_host_memory(sizes: tuple, ranks: int) -> None:
-    """Every rank of this host holds the largest payload, twice: more than the memory
-    this process may take (its cgroup's limit included) is refused, not an allocation
-    error in a rank."""
-    need, have = COPIES_PER_RANK * ranks * max(sizes), memory.available_bytes()
-    if need > have:
-        raise UsageError(f"--sizes {figures.human_size(max(sizes))}: {ranks} ranks need about "
-                         f"{figures.human_size(need)} for it ({COPIES_PER_RANK} copies each) "
+    """Every rank of this host is a process, and holds the largest payload twice: more
+    than the memory this process may take (its cgroup's limit included) is refused, not
+    an allocation error in a rank or the OOM killer (--ranks 200 was)."""
+    payload = COPIES_PER_RANK * ranks * max(sizes)
+    processes, have = ranks * RANK_PROCESS_BYTES, memory.available_bytes()
+    need, size = payload + processes, figures.human_size(max(sizes))
+    if need <= have:
+        return
+    if payload >= processes:
+        raise UsageError(f"--sizes {size}: {ranks} ranks need about {figures.human_size(need)} "
+                         f"for it ({COPIES_PER_RANK} copies each, and the rank processes) "
                          f"and this host has {figures.human_size(have)} available; give "
                          "smaller sizes or --max-size")
+    raise UsageError(f"--ranks {ranks}: {ranks} rank processes need about "
+                     f"{figures.human_size(need)} (about {figures.human_size(RANK_PROCESS_BYTES)}"
+                     f" each with torch loaded, and {COPIES_PER_RANK} copies of {size}) and "
+                     f"this host has {figures.human_size(have)} available; give fewer ranks")
 
 
 def _check_gpu_memory(sizes: tuple, ranks: int, cuda) -> None:

@@ -1,6 +1,7 @@
 """`kosmoss comm` answers a bad value before importing torch (it took 2-8 s): counts, sizes,
 compute time, the output folder, and sizes that the host's memory cannot hold (each rank
-holds its payload twice; a 100G all-reduce failed as an allocation traceback)."""
+holds its payload twice and is a process with torch loaded; a 100G all-reduce failed
+as an allocation traceback)."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from helpers import REPO
 @pytest.mark.parametrize("args, expected", [
     (["--ranks", "2", "--sizes", "100G"], "--sizes 100 GiB: 2 ranks need about 400 GiB"),
     (["--ranks", "64", "--sizes", "64G"], "give smaller sizes or --max-size"),
+    # Each rank is a process with torch loaded: many small ones were the OOM killer's.
+    (["--ranks", "100000", "--sizes", "4K"], "--ranks 100000: 100000 rank processes need "
+                                             "about"),
     (["--ranks", "1"], "--ranks 1: an all-reduce needs at least 2 ranks"),
     (["--ranks", "3", "--nodes", "2"], "--nodes 2: must be >= 1 and divide --ranks 3"),
     (["--sizes", "lots"], "--sizes lots: not a size"),
