@@ -73,7 +73,7 @@ RANK_PROCESS_BYTES = 192 * 2**20
 def _check_host_memory(sizes: tuple, ranks: int) -> None:
     """Every rank of this host is a process, and holds the largest payload twice: more
     than the memory this process may take (its cgroup's limit included) is refused, not
-    an allocation error in a rank or the OOM killer (--ranks 200 was)."""
+    an allocation error in a rank or the OOM killer (--ranks 200 of 4 KiB was let through)."""
     payload = COPIES_PER_RANK * ranks * max(sizes)
     processes, have = ranks * RANK_PROCESS_BYTES, memory.available_bytes()
     need, size = payload + processes, figures.human_size(max(sizes))
