@@ -232,6 +232,16 @@ def normalise(x):
     scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
     return torch.where(constant, torch.zeros_like(scaled), scaled).float()
 ''', "the rounding of a 16-bit float"),
+    "a numpy array, not a tensor": Mistake('''
+import numpy as np
+
+
+def normalise(x):
+    a = x.numpy()
+    std = a.std(axis=0)
+    constant = std <= 1e-6 * np.abs(a).mean(axis=0)
+    return np.where(constant, 0.0, (a - a.mean(axis=0)) / np.where(constant, 1.0, std))
+''', "return a torch tensor"),
     "divides by the variance": Mistake('''
 import torch
 
@@ -324,10 +334,12 @@ def normalise_judge(namespace: dict) -> tuple:
 
     x = feature_batch()
     got = learner(namespace, "normalise")(x.clone())
-    try:
-        got = torch.as_tensor(got).detach().to(torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        return failed(f"normalise returned a {type(got).__name__}: return a tensor")
+    if not isinstance(got, torch.Tensor):
+        # A numpy array (or list) standardised right is still no input for a torch model.
+        kind = "numpy array" if type(got).__module__ == "numpy" else type(got).__name__
+        return failed(f"normalise returned a {kind}: return a torch tensor, as x is "
+                      "(torch.from_numpy turns a numpy array into one)")
+    got = got.detach().to(torch.float64)
     if got.shape != x.shape:
         return failed(f"your output has shape {tuple(got.shape)}, the input {tuple(x.shape)}")
     x64 = x.to(torch.float64)

@@ -116,6 +116,16 @@ def predict_wm2(checkpoint_path, x):
         x.sub_(model.x_mean).div_(model.x_std)
         return model.net(x) * model.y_std + model.y_mean
 """, "x changed in place"),
+    "autograd switched off for good": Mistake("""
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    torch.set_grad_enabled(False)
+    model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    return model(x)
+""", "autograd is left switched off"),
     "squeezes the batch": Mistake("""
 import torch
 from kosmoss.model import LitMLP
@@ -174,19 +184,49 @@ def predict_judge(namespace: dict) -> tuple:
     import torch
 
     mine = learner(namespace, "predict_wm2")
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)  # for what runs after this check, the notebook's too
+        return failed("autograd was switched off before predict_wm2 was even called "
+                      "(torch.set_grad_enabled(False) in your cell?), and every later backward "
+                      "in the notebook would fail: the checker switched it back on — predict "
+                      "inside `with torch.no_grad():`, which switches it back on by itself")
     with _checkpoint() as (path, model):
         for rows in PREDICT_BATCHES:
             x = torch.randn(rows, 9, generator=torch.Generator().manual_seed(rows))
             tracked: list = []
             given = x.clone()
-            with _graphs_built(tracked):
+            with _graphs_built(tracked), _grad_mode_kept() as grad_mode:
                 got = mine(path, given)
             message = (_prediction_mistake(got, model, x) or _built_graph(got, tracked)
-                       or _changed_input(given, x))
+                       or _changed_input(given, x) or _grad_left_off(grad_mode))
             if message:
                 return failed(f"for {rows} column(s): {message}")
     return passed(f"your fluxes equal the model's in W m-2, for batches of "
                   f"{' and '.join(map(str, PREDICT_BATCHES))} column(s)")
+
+
+@contextlib.contextmanager
+def _grad_mode_kept() -> Iterator[dict]:
+    """Whether autograd was on before the learner's code and still on after it; switched
+    back as it was either way (the checks after it, and the notebook, need it)."""
+    import torch
+
+    mode = {"before": torch.is_grad_enabled()}
+    try:
+        yield mode
+    finally:
+        mode["after"] = torch.is_grad_enabled()
+        torch.set_grad_enabled(mode["before"])
+
+
+def _grad_left_off(mode: dict):
+    """torch.set_grad_enabled(False) in a function switches autograd off for the whole
+    notebook: every training step after it computes no gradient."""
+    if not mode["before"] or mode["after"]:
+        return None
+    return ("your fluxes are right but autograd is left switched off once predict_wm2 has "
+            "returned (torch.set_grad_enabled(False)): every later backward in the notebook "
+            "fails — compute them inside `with torch.no_grad():`, which switches it back on")
 
 
 def _changed_input(given, x):

@@ -227,6 +227,12 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
     fraction = np.float32(step) / np.float32(warmup_steps)
     return float(np.float32(base_lr) + (np.float32(target_lr) - np.float32(base_lr)) * fraction)
 """, "float32's rounding"),
+    "the rate clamped with min(target_lr, ...)": Mistake("""
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if warmup_steps == 0:
+        return target_lr
+    return min(target_lr, base_lr + (target_lr - base_lr) * step / warmup_steps)
+""", "the ramp goes down"),
     "ends one step early": Mistake("""
 def warmup_lr(step, warmup_steps, base_lr, target_lr):
     if warmup_steps <= 1 or step >= warmup_steps - 1:
@@ -236,7 +242,8 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
 }
 
 WARMUP_CASES = ((10, 1e-3, 8e-3), (4, 1e-3, 1e-3 * math.sqrt(8)), (0, 1e-3, 4e-3),
-                (1, 2e-3, 6e-3), (3, 5e-4, 5e-4 * 16 / 3))
+                (1, 2e-3, 6e-3), (3, 5e-4, 5e-4 * 16 / 3),
+                (5, 2e-3, 2e-3 * 0.5))  # k below one (04.scaled_lr): the ramp goes down
 WARMUP_PAST = 6  # steps checked after the warm-up: an unclamped ramp goes on rising
 # kosmoss's warmup_factor and the rate: 6 roundings; a learner's ramp at most as many; the
 # difference target - base may cancel, so relative to the larger rate: 2·γ_6 ≤ γ_12.
@@ -259,8 +266,8 @@ def warmup_judge(namespace: dict) -> tuple:
                               f"{expected:.6g}"
                               + _warmup_hint(ramp, step, warmup_steps, base_lr, target_lr))
     return passed(f"matches kosmoss.scaling.arithmetic.warmup_factor at every step of "
-                  f"{len(WARMUP_CASES)} warm-ups, none and one step long included, and "
-                  f"{WARMUP_PAST} steps past each")
+                  f"{len(WARMUP_CASES)} warm-ups, none, one step long and one going down "
+                  f"included, and {WARMUP_PAST} steps past each")
 
 
 def _warmup_rate(mine, step: int, warmup_steps: int, base_lr: float, target_lr: float):
@@ -286,6 +293,12 @@ def _warmup_hint(ramp, step: int, warmup: int, base_lr: float, target_lr: float)
     inside = range(1, warmup)
     if warmup == 0:
         return ": with warmup_steps 0 there is no warm-up: target_lr from step 0 on"
+    if target_lr < base_lr and step < warmup and any(
+            math.isclose(values[step], end, rel_tol=1e-9) for end in (target_lr, base_lr)):
+        return (": target_lr is below base_lr here (k below one, a batch smaller than the "
+                "base's), so the ramp goes down to it — clamp the step "
+                "(min(step, warmup_steps)), not the rate: min(target_lr, ...) or "
+                "max(base_lr, ...) holds a ramp that goes down at one end")
     if step == 0 and math.isclose(values[0], 0.0, abs_tol=1e-15):
         return ": the warm-up starts from base_lr (the unscaled rate), not from zero"
     if step >= warmup and follows(lambda i: line(i, warmup), [step]):

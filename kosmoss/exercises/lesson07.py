@@ -76,6 +76,10 @@ import numpy as np
 def place_of(rank, devices_per_node):
     return np.floor(rank / devices_per_node), rank % devices_per_node
 """, "ranks are integers"),
+    "bit operations, right for powers of two": Mistake("""
+def rank_of(node_rank, local_rank, devices_per_node):
+    return node_rank * devices_per_node | local_rank
+""" + _PLACE, "power of two"),
     "the node from the wrong count": Mistake(_RANK + """
 def place_of(rank, devices_per_node):
     return rank // (devices_per_node + 1), rank % devices_per_node
@@ -83,11 +87,14 @@ def place_of(rank, devices_per_node):
 }
 
 JOBS = ((1, 4), (3, 1), (2, 2), (3, 4), (4, 8))
+# The same nodes with one rank fewer each where several are left: 3 and 7 ranks per node
+# are no power of two, where `|` and `&` would stand in for + and % by luck.
+UNEVEN_JOBS = tuple((nodes, per_node - 1) for nodes, per_node in JOBS if per_node > 2)
 
 
 def ranks_judge(namespace: dict) -> tuple:
     rank_of, place_of = learner(namespace, "rank_of"), learner(namespace, "place_of")
-    for nodes, per_node in JOBS:
+    for nodes, per_node in JOBS + UNEVEN_JOBS:
         job = f"{nodes} node(s) x {per_node} rank(s)"
         for node in range(nodes):
             for local in range(per_node):
@@ -102,13 +109,17 @@ def ranks_judge(namespace: dict) -> tuple:
                         not all(is_integer(v) for v in place):
                     return failed(f"{job}: global rank {expected} is local rank {local} of node "
                                   f"{node}; your place_of says {place!r} (node, local)"
-                                  + _place_hint(place, node, local))
-    return passed(f"every rank of {len(JOBS)} jobs, up to {JOBS[-1][0]} x {JOBS[-1][1]}, "
-                  "both ways")
+                                  + _place_hint(place, node, local, per_node))
+    return passed(f"every rank of {len(JOBS + UNEVEN_JOBS)} jobs, up to {JOBS[-1][0]} x "
+                  f"{JOBS[-1][1]}, ranks per node that are no power of two included, both ways")
 
 
 def _rank_hint(got, node: int, local: int, per_node: int) -> str:
-    for candidate, hint in ((node * 2 + local, "multiply by devices_per_node, not 2"),
+    bits = ("shifts and | stand in for * and + only when devices_per_node is a power of two "
+            "— node_rank * devices_per_node + local_rank")
+    for candidate, hint in ((node * per_node | local, bits),
+                            ((node << (per_node.bit_length() - 1)) + local, bits),
+                            (node * 2 + local, "multiply by devices_per_node, not 2"),
                             (local * per_node + node, "ranks go node after node: all of "
                              "node 0's, then node 1's"),
                             (node * per_node + local + 1, "ranks count from 0")):
@@ -126,13 +137,18 @@ def _pair(value) -> bool:
         return False
 
 
-def _place_hint(place, node: int, local: int) -> str:
+def _place_hint(place, node: int, local: int, per_node: int) -> str:
     if not _pair(place):
         return ": return a pair (node_rank, local_rank)"
     if not all(is_integer(v) for v in place):
         return ": ranks are integers — node_rank = rank // devices_per_node (floor division)"
     if tuple(place) == (local, node):
         return ": (node, local) swapped — node_rank = rank // devices_per_node"
+    rank = node * per_node + local
+    by_bits = (rank >> (per_node.bit_length() - 1), rank & (per_node - 1))
+    if all(mine in (right, bits) for mine, right, bits in zip(place, (node, local), by_bits)):
+        return (f": {per_node} ranks per node is no power of two — shifts and masks "
+                "(>>, &) stand in for // and % only for a power of two")
     return ": node_rank = rank // devices_per_node, local_rank = rank % devices_per_node"
 
 

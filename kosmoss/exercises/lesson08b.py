@@ -66,6 +66,18 @@ LIMIT_WRONG = {
     "the data's gradient counted too": Mistake(_limit(
         "backward = forward + sum(2 * i * o for i, o in layers[1:]) ==> backward = 2 * forward"),
         "the first layer's input needs no gradient"),
+    "the sizes inserted into `hidden` itself": Mistake('''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    sizes = hidden
+    sizes.insert(0, n_x)
+    sizes.append(n_y)
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    forward = sum(2 * i * o for i, o in layers)
+    backward = forward + sum(2 * i * o for i, o in layers[1:])
+    by_memory = bandwidth / (4 * (n_x + n_y))
+    by_compute = peak_flops / (forward + backward)
+    return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
+''', "changed the list `hidden`"),
     "the bound's names swapped": Mistake(_limit(
         '(by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute") ==> '
         '(by_memory, "compute") if by_memory <= by_compute else (by_compute, "memory")'),
@@ -97,7 +109,8 @@ def limit_judge(namespace: dict) -> tuple:
     for case in LIMIT_CASES:
         n_x, hidden, n_y, bandwidth, peak = case
         right_rate, right_bound = _right(*case)
-        got = mine(n_x, list(hidden), n_y, bandwidth, peak)
+        given = list(hidden)
+        got = mine(n_x, given, n_y, bandwidth, peak)
         where = (f"{n_x} inputs, hidden {list(hidden)}, {n_y} outputs, {bandwidth:.3g} B/s, "
                  f"{peak:.3g} FLOP/s")
         if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -109,6 +122,11 @@ def limit_judge(namespace: dict) -> tuple:
         if bound != right_bound:
             return failed(f"{where}: it is bound by {right_bound!r}, yours says {bound!r}: "
                           "the slower of the two binds")
+        if given != list(hidden):
+            return failed(f"{where}: your answer is right, but sample_limit changed the list "
+                          f"`hidden` it was given into {given}: the caller's list is theirs, "
+                          "and a second call with it sees another model — build a new list "
+                          "([n_x, *hidden, n_y])")
     return passed(f"{len(LIMIT_CASES)} devices and models, memory- and compute-bound")
 
 

@@ -260,6 +260,26 @@ def stragglers(busy_ms, wait_ms):
         "the median, not the mean"),
     "30 percent or more": Mistake(
         _rule(test="mine >= others * 1.3 and mine - others >= 2"), "more than 30 percent"),
+    "the median of the ranks but the slowest": Mistake("""
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    typical = statistics.median(sorted(busy_ms)[:-1])
+    return [r for r, mine in enumerate(busy_ms) if mine > typical * 1.3 and mine - typical >= 2]
+""", "the slowest included"),
+    "the slowest first": Mistake("""
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
+        if mine > others * 1.3 and mine - others >= 2:
+            slow.append(rank)
+    return sorted(slow, key=lambda rank: busy_ms[rank], reverse=True)
+""", "in increasing order"),
     "more than 2 ms": Mistake(
         _rule(test="mine > others * 1.3 and mine - others > 2"), "at least 2 ms"),
 }
@@ -277,6 +297,9 @@ STRAGGLER_CASES = (
     ((5.0, 5.0, 7.0), (2.0, 2.0, 0.5)),  # 40 % more and exactly 2 ms: a straggler
     ((5.0, 10.0, 10.5, 11.0), (6.0, 1.0, 0.5, 0.0)),  # a fast rank is no yardstick
     ((4.0, 9.0, 7.0), (5.0, 0.0, 2.0)),  # two others: their median is their mean
+    # three speeds, the slowest last: rank 2 is below its others' median (12 ms), though
+    # above that of the ranks but the slowest (6 ms)
+    ((20.0, 4.0, 8.0, 4.0, 30.0), (12.0, 27.0, 23.0, 27.0, 1.0)),
 )
 
 
@@ -294,15 +317,20 @@ def straggler_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "stragglers")
     for busy, wait in STRAGGLER_CASES:
         expected = kosmoss_stragglers(busy, wait)
-        got = mine(list(busy), list(wait))
+        returned = mine(list(busy), list(wait))
         try:
-            got = sorted(int(rank) for rank in got)
-        except TypeError:
-            return failed(f"stragglers returned {got!r}: return a list of ranks")
+            ranks = [int(rank) for rank in returned]
+        except (TypeError, ValueError):
+            return failed(f"stragglers returned {returned!r}: return a list of ranks")
+        got = sorted(ranks)
         if got != expected:
             return failed(f"busy {list(busy)} ms and wait {list(wait)} ms per step: yours "
                           f"{got}, kosmoss watch flags {expected}"
                           + _straggler_hint(got, expected, busy, wait))
+        if not isinstance(returned, (list, tuple)) or ranks != got:
+            return failed(f"busy {list(busy)} ms and wait {list(wait)} ms per step: the right "
+                          f"ranks, but yours returned {returned!r}: return them as a sorted "
+                          "list, in increasing order (sorted(...)), as kosmoss watch lists them")
     return passed(f"the same ranks as kosmoss watch in {len(STRAGGLER_CASES)} sets of heartbeats")
 
 
@@ -335,6 +363,10 @@ def _straggler_hint(got, expected, busy, wait) -> str:
     if got and all(wait[r] == max(wait) for r in got):
         return (" — the rank that waits longest is the fast one: it waits in the all-reduce "
                 "for the straggler; look at each rank's own work")
+    if len(busy) > 2 and got == _flagged(busy, lambda others: statistics.median(
+            sorted(busy)[:-1])):
+        return (" — each rank's yardstick is the median of all the *other* ranks, the slowest "
+                "included, not one median of every rank but the slowest")
     for typical, hint in TYPICAL_MISTAKES:
         if got == _flagged(busy, typical):
             return hint
@@ -346,6 +378,10 @@ def _straggler_hint(got, expected, busy, wait) -> str:
                     "percent")
         if mine - typical == 2:
             return f" — rank {rank} is exactly 2 ms above: at least 2 ms is enough"
+        if mine <= typical:
+            return (f" — rank {rank} works {mine:g} ms per step, no more than the median of "
+                    f"the other ranks ({typical:g} ms): compare each rank with the median of "
+                    "all the others, the slowest included")
         if mine - typical < 2:
             return " — a gap under 2 ms, or every rank as slow, flags nobody"
         if statistics.median(busy) != typical and (mine > statistics.median(busy) * 1.3) != (

@@ -189,6 +189,21 @@ def pick_interface(interfaces, master_addr):
                 return name
     return None
 ''', "the prefix ignored (a /8 of the first octet)"),
+    "the first of several addresses only": Mistake('''
+import ipaddress
+
+
+def pick_interface(interfaces, master_addr):
+    target = ipaddress.ip_address(master_addr)
+    best, best_prefix = None, -1
+    for name, addresses in interfaces.items():
+        if not addresses:
+            continue
+        network = ipaddress.ip_interface(addresses[0]).network
+        if target in network and network.prefixlen > best_prefix:
+            best, best_prefix = name, network.prefixlen
+    return best
+''', "the first of several addresses only"),
     "a fallback instead of None": Mistake('''
 import ipaddress
 
@@ -221,6 +236,10 @@ PICK_CASES = (
     ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.6.1"),
     # the loopback under macOS's name: the one whose network holds 127.0.0.1, whatever it is
     ({"lo0": ["127.0.0.1/8"], "en0": ["192.168.1.20/24"]}, "127.0.0.1"),
+    # an interface with several addresses (a secondary one added by `ip addr add`): the
+    # route may go over any of them, not only the first
+    ({"lo": ["127.0.0.1/8"], "eth0": ["192.168.1.5/24", "10.213.0.2/24", "172.17.0.1/16"]},
+     "10.213.0.1"),
 )
 
 
@@ -241,7 +260,9 @@ def pick_judge(namespace: dict) -> tuple:
             return failed(f"interfaces {interfaces}, MASTER_ADDR {master}: yours is {got!r}, "
                           f"the route goes over {right!r}"
                           + (mistake(PICK_WRONG, "pick_interface", PICK_CASES, answers)
-                             or _unknown_hint(got, interfaces) or _octets_hint(interfaces)))
+                             or _unknown_hint(got, interfaces)
+                             or _several_hint(got, right, interfaces)
+                             or _octets_hint(interfaces)))
     return passed(f"the route's interface in {len(PICK_CASES)} cases, overlapping networks "
                   "and no route included")
 
@@ -252,6 +273,13 @@ def _unknown_hint(got, interfaces: Dict[str, List[str]]) -> str:
     return (f": {got!r} is no interface of this host — return one of the names in "
             "`interfaces`, the one whose network holds MASTER_ADDR (the loopback too has "
             "another name on another system)")
+
+
+def _several_hint(got, right: Optional[str], interfaces: Dict[str, List[str]]) -> str:
+    if got is not None or right is None or len(interfaces[right]) < 2:
+        return ""
+    return (f": {right!r} has several addresses ({', '.join(interfaces[right])}) — look at "
+            "each of them, not at the first only")
 
 
 def _octets_hint(interfaces: Dict[str, List[str]]) -> str:

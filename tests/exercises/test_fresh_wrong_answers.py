@@ -904,6 +904,323 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
         raise ValueError(f"{global_batch_size} does not split over {world} ranks")
     return global_batch_size // world
 '''),
+    # Fifth round. Told correct before: a numpy array for a tensor, autograd switched off
+    # for good, a ramp clamped with min/max when target_lr is below base_lr, | and & for +
+    # and % (right for powers of two), `hidden` changed in place, the ranks unsorted or in a
+    # set, one median of every rank but the slowest, an interface's first address only.
+    ("01.normalise", "a list of lists", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0)
+    constant = std <= 1e-6 * x.abs().mean(dim=0)
+    z = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, 0.0, z).tolist()
+''', "return a torch tensor"),
+    ("02.predict_wm2", "autograd switched off in the cell", '''
+import torch
+from kosmoss.model import LitMLP
+
+torch.set_grad_enabled(False)
+
+
+def predict_wm2(checkpoint_path, x):
+    return LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()(x)
+''', "autograd was switched off"),
+    ("02.predict_wm2", "autograd switched off after loading", '''
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    torch.autograd.set_grad_enabled(False)
+    prediction = model(x)
+    return prediction
+''', "autograd is left switched off"),
+    ("04.warmup_lr", "the rate clipped between base_lr and target_lr", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if warmup_steps == 0:
+        return target_lr
+    rate = base_lr + (target_lr - base_lr) * step / warmup_steps
+    return min(max(rate, base_lr), target_lr)
+''', "the ramp goes down"),
+    ("04.warmup_lr", "no lower than base_lr", '''
+def warmup_lr(step, warmup_steps, base_lr, target_lr):
+    if warmup_steps == 0 or step >= warmup_steps:
+        return target_lr
+    return max(base_lr, base_lr + (target_lr - base_lr) * step / warmup_steps)
+''', "the ramp goes down"),
+    ("07.rank_arithmetic", "the local rank masked", '''
+def rank_of(node_rank, local_rank, devices_per_node):
+    return node_rank * devices_per_node + local_rank
+
+
+def place_of(rank, devices_per_node):
+    return rank // devices_per_node, rank & (devices_per_node - 1)
+''', "no power of two"),
+    ("07.rank_arithmetic", "the node shifted", '''
+import math
+
+
+def rank_of(node_rank, local_rank, devices_per_node):
+    return (node_rank << int(math.log2(devices_per_node))) + local_rank
+
+
+def place_of(rank, devices_per_node):
+    return divmod(rank, devices_per_node)
+'''),
+    ("08b.sample_limit", "sizes += on the caller's list", '''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    sizes = hidden
+    sizes += [n_y]
+    sizes = [n_x] + sizes
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    forward = sum(2 * i * o for i, o in layers)
+    flop = forward + forward + sum(2 * i * o for i, o in layers[1:])
+    rates = [(bandwidth / (4 * (n_x + n_y)), "memory"), (peak_flops / flop, "compute")]
+    return min(rates, key=lambda rate: rate[0])
+''', "changed the list `hidden`"),
+    ("10.stragglers", "a set of ranks", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = set()
+    for rank, mine in enumerate(busy_ms):
+        typical = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
+        if mine > 1.3 * typical and mine - typical >= 2:
+            slow.add(rank)
+    return slow
+''', "a sorted list"),
+    ("10.stragglers", "the median of the ranks but the busiest", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    rest = list(busy_ms)
+    rest.remove(max(rest))
+    typical = statistics.median(rest)
+    return [rank for rank, mine in enumerate(busy_ms)
+            if mine > 1.3 * typical and mine - typical >= 2]
+''', "the slowest included"),
+    ("12.pick_interface", "the last address of each interface only", '''
+import ipaddress
+
+
+def pick_interface(interfaces, master_addr):
+    target = ipaddress.ip_address(master_addr)
+    best, best_prefix = None, -1
+    for name, addresses in interfaces.items():
+        if addresses:
+            network = ipaddress.ip_interface(addresses[-1]).network
+            if target in network and network.prefixlen > best_prefix:
+                best, best_prefix = name, network.prefixlen
+    return best
+''', "several addresses"),
+    # Fifth round, rejected already: kept so that they stay rejected.
+    ("01.normalise", "the constant columns dropped", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    keep = std > 1e-6 * x.abs().mean(dim=0)
+    return ((x - x.mean(dim=0)) / std)[:, keep]
+''', "shape"),
+    ("02.predict_wm2", "a single column unsqueezed", '''
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    if len(x) == 1:
+        x = x.unsqueeze(0)
+    with torch.no_grad():
+        return model(x)
+''', "a batch of a single column"),
+    ("02.optimizer_steps", "whole batches, then steps rounded up", '''
+import math
+
+
+def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
+    return math.ceil(n_train // batch_size / accumulate_grad_batches) * epochs
+'''),
+    ("03.per_device_batch", "a RuntimeError", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size < world or global_batch_size % world:
+        raise RuntimeError(f"{global_batch_size} does not split over {world} ranks")
+    return global_batch_size // world
+''', "raise a ValueError"),
+    ("03.per_device_batch", "None when it does not split", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size < world or global_batch_size % world:
+        return None
+    return global_batch_size // world
+''', "kosmoss refuses it"),
+    ("metrics.padding", "what the world lacks over the samples", '''
+def padded_duplicates(n_samples, world_size):
+    return max(0, world_size - n_samples)
+'''),
+    ("metrics.padding", "one more sample per rank, always", '''
+def padded_duplicates(n_samples, world_size):
+    return (int(n_samples / world_size) + 1) * world_size - n_samples
+''', "no padding"),
+    ("04.scaled_lr", "k in numpy's float32", '''
+import numpy as np
+
+
+def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
+    k = np.float32(effective_batch_size) / np.float32(base_batch_size)
+    return base_lr * {"none": 1.0, "linear": k, "sqrt": np.sqrt(k)}[rule]
+''', "float32's rounding"),
+    ("04.noise_scale", "|G|² from the small batch's norm", '''
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return small_sq_norm - trace / big_batch, trace
+'''),
+    ("04.noise_scale", "the trace's absolute value", '''
+def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
+    trace = abs(small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
+    return big_sq_norm - trace / big_batch, trace
+''', "0.5 and 0.6"),
+    ("05.device_for", "an index too large means the last GPU", '''
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    wants = machine == "force" or (machine == "offer" and run_asks_gpu)
+    if not wants or visible_gpus == 0:
+        return "cpu"
+    index = machine_index if machine_index is not None else 0
+    return f"cuda:{min(max(index, 0), visible_gpus - 1)}"
+'''),
+    ("05.device_for", "force takes GPU 0", '''
+def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
+    if visible_gpus == 0 or machine == "none":
+        return "cpu"
+    if machine == "force":
+        return "cuda:0"
+    if run_asks_gpu:
+        index = machine_index if machine_index is not None else 0
+        return f"cuda:{index if 0 <= index < visible_gpus else 0}"
+    return "cpu"
+'''),
+    ("05.memory_share", "ranks per GPU as int() + 1", '''
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    if ranks_on_host <= gpus_on_host:
+        return "nccl", 1.0
+    return "gloo", 1 / (int(ranks_on_host / gpus_on_host) + 1)
+''', "rounded up"),
+    ("06.port_holder", "the process's name", '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections(kind="tcp"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
+            return psutil.Process(c.pid).name()
+    return None
+'''),
+    ("06.port_holder", "0 when nobody listens", '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections(kind="tcp"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
+            return c.pid
+    return 0
+''', "no TCP listener"),
+    ("08.training_memory", "the activations' gradients counted too", '''
+from torch import nn
+
+
+def training_memory(model, batch_size):
+    params = sum(p.numel() for p in model.parameters())
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    width = linears[0].in_features + linears[-1].out_features
+    features = linears[0].in_features
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            features = layer.out_features
+        width += 2 * features
+    return 4 * (4 * params + batch_size * width)
+'''),
+    ("08.bandwidths", "the bus factor in integer division", '''
+def bandwidths(nbytes, seconds, world_size):
+    algbw = nbytes / seconds
+    return algbw, algbw * (2 * (world_size - 1) // world_size)
+''', "not a whole number"),
+    ("09.buckets", "what goes over the cap carried into the next bucket", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    buckets, current, size, limit = [], [], 0, first_cap
+    for index, nbytes in enumerate(grad_bytes):
+        current.append(index)
+        size += nbytes
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], size - limit, cap
+    if current:
+        buckets.append(current)
+    return buckets
+'''),
+    ("09.buckets", "an empty bucket at the end", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    buckets, current, size, limit = [], [], 0, first_cap
+    for index, nbytes in enumerate(grad_bytes):
+        current.append(index)
+        size += nbytes
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap
+    buckets.append(current)
+    return buckets
+'''),
+    ("10.stragglers", "30 percent of its own time", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
+        if (mine - others) / mine > 0.3 and mine - others >= 2:
+            slow.append(rank)
+    return slow
+'''),
+    ("11.accumulate", "summed squares over the batch's columns, not its numbers", '''
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    optimizer.zero_grad()
+    for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = torch.nn.functional.mse_loss(model(x_part), y_part, reduction="sum")
+        (loss / len(x)).backward()
+    optimizer.step()
+'''),
+    ("11.accumulate", "the gradients zeroed after the step", '''
+import torch
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+''', "zero them first"),
+    ("12.step_time", "latency twice, whatever the hosts", '''
+def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
+    if hosts == 1:
+        return compute_s
+    moved = 2 * (hosts - 1) / hosts * gradient_bytes
+    return compute_s + 2 * latency_s + moved * 8 / rate_bits
+'''),
 ]
 
 FRESH_DISTRIBUTED = [
