@@ -66,18 +66,10 @@ LIMIT_WRONG = {
     "the data's gradient counted too": Mistake(_limit(
         "backward = forward + sum(2 * i * o for i, o in layers[1:]) ==> backward = 2 * forward"),
         "the first layer's input needs no gradient"),
-    "the sizes inserted into `hidden` itself": Mistake('''
-def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
-    sizes = hidden
-    sizes.insert(0, n_x)
-    sizes.append(n_y)
-    layers = list(zip(sizes[:-1], sizes[1:]))
-    forward = sum(2 * i * o for i, o in layers)
-    backward = forward + sum(2 * i * o for i, o in layers[1:])
-    by_memory = bandwidth / (4 * (n_x + n_y))
-    by_compute = peak_flops / (forward + backward)
-    return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
-''', "changed the list `hidden`"),
+    "the sizes inserted into `hidden` itself": Mistake(_limit(
+        "sizes = [n_x, *hidden, n_y] ==> "
+        "sizes = hidden\n    sizes.insert(0, n_x)\n    sizes.append(n_y)"),
+        "changed the list `hidden`"),
     "the bound's names swapped": Mistake(_limit(
         '(by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute") ==> '
         '(by_memory, "compute") if by_memory <= by_compute else (by_compute, "memory")'),

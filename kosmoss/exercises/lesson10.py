@@ -268,18 +268,9 @@ def stragglers(busy_ms, wait_ms):
     typical = statistics.median(sorted(busy_ms)[:-1])
     return [r for r, mine in enumerate(busy_ms) if mine > typical * 1.3 and mine - typical >= 2]
 """, "the slowest included"),
-    "the slowest first": Mistake("""
-import statistics
-
-
-def stragglers(busy_ms, wait_ms):
-    slow = []
-    for rank, mine in enumerate(busy_ms):
-        others = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
-        if mine > others * 1.3 and mine - others >= 2:
-            slow.append(rank)
-    return sorted(slow, key=lambda rank: busy_ms[rank], reverse=True)
-""", "in increasing order"),
+    "the slowest first": Mistake(STRAGGLER_REFERENCE.replace(
+        "return slow", "return sorted(slow, key=lambda rank: busy_ms[rank], reverse=True)"),
+        "in increasing order"),
     "more than 2 ms": Mistake(
         _rule(test="mine > others * 1.3 and mine - others > 2"), "at least 2 ms"),
 }

@@ -361,15 +361,13 @@ def links_from_comm(comm: dict, flag: str = "--comm") -> Tuple[Link, Optional[Li
 
 def _links_from_comm(comm: dict, flag: str) -> Tuple[Link, Optional[Link]]:
     plan, groups = comm.get("plan"), comm.get("groups")
-    if not isinstance(plan, dict) or not isinstance(groups, dict):
-        plan, groups = {}, {}
-    per_node, nodes = plan.get("ranks_per_node"), plan.get("nodes")
-    if not groups or per_node is None or nodes is None:
+    if not isinstance(plan, dict) or not isinstance(groups, dict) or not groups or \
+            plan.get("ranks_per_node") is None or plan.get("nodes") is None:
         raise UsageError(f"{flag}: not a kosmoss comm JSON (no plan or groups); write one with "
                          "kosmoss comm --out DIR")
     named = dict(groups)
     if "intra" not in named:
-        named["intra" if nodes == 1 else "inter"] = named["world"]
+        named["intra" if plan["nodes"] == 1 else "inter"] = named["world"]
     source = f"kosmoss comm, {plan.get('backend')}, {comm.get('date', '?')}"
     intra, inter = (_link(named[name], name, source, flag) if name in named else None
                     for name in ("intra", "inter"))
