@@ -32,7 +32,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Dict, Iterator, List, Optional
 import psutil
 
 from ..core.files import atomic_write_json
+from ..core.signals import stops_held
 
 RUN_ID_ENV = "KOSMOSS_RUN_ID"
 LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"
@@ -208,7 +208,7 @@ def finish(state: str, error: Optional[str] = None, stop_signal: Optional[str] =
     global _current
     if _current is None:
         return
-    with _stop_signals_deferred(drop=state == STOPPED):
+    with stops_held(DEFERRED_SIGNALS, drop=state == STOPPED):
         membership, _current = _current, None
         now = time.time()
         _update_json(membership.record_path, state=state, ended_at=now, error=error,
@@ -225,33 +225,11 @@ def finish(state: str, error: Optional[str] = None, stop_signal: Optional[str] =
                     os.environ[name] = value
 
 
+# A stop signal (Ctrl-C pressed again) arriving while the records are written must not cut
+# them in two: its handler would raise between the process's record and run.json, leaving
+# the run ``running``. Held until both are written; dropped when the run is already recorded
+# stopped (the same stop, pressed twice), else delivered.
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
-@contextlib.contextmanager
-def _stop_signals_deferred(drop: bool) -> Iterator[None]:
-    """A stop signal (Ctrl-C pressed again) arriving while the records are written must not
-    cut them in two: its handler would raise between the process's record and run.json,
-    leaving the run ``running``. Held until both are written; then dropped when the run is
-    already recorded stopped (the same stop, pressed twice), else delivered. A handler swap
-    rather than ``pthread_sigmask``: that blocks one thread, and the kernel hands a signal
-    to any other (torch's and gloo's), after which Python runs the handler here anyway."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread runs Python's signal handlers, and may set them
-        return
-    held: List[int] = []
-    previous = {sig: signal.getsignal(sig) for sig in DEFERRED_SIGNALS}
-    for sig, handler in previous.items():
-        if handler is not None:  # None: set outside Python, left as it is
-            signal.signal(sig, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-        if held and not drop:
-            signal.raise_signal(held[0])
 
 
 @contextlib.contextmanager

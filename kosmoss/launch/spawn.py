@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Callable
 
+from ..core.signals import blocked, stops_held
+
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -42,28 +44,24 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
     collectives had completed, so the figures are kept, with a warning (ranks end with
     :func:`leave_rank`, which avoids the one such death seen). A rank that fails before, or
     raises, fails the measurement."""
+    import multiprocessing
     from multiprocessing import resource_tracker
 
     import torch.multiprocessing as mp
 
     # A stop signal that lands while the ranks are spawned would cut a rank's start-up data
-    # short (its EOFError traceback) before the parent holds the processes it must end:
-    # held until they are started (the ranks inherit the mask; _rank lifts it). The spawn
-    # starts multiprocessing's resource tracker first, and that start unblocks both signals
-    # when it ends (multiprocessing/resource_tracker.py): it is started before the hold.
+    # short (its EOFError traceback), or be raised before the parent holds the processes it
+    # must end (they were left running, and the interpreter's exit waited for them). So it
+    # is held until the ranks are started, then raised inside the try that ends them. The
+    # mask holds the ranks too (they inherit it; _rank lifts it). The spawn starts
+    # multiprocessing's resource tracker first, and that start unblocks both signals when it
+    # ends (multiprocessing/resource_tracker.py): it is started before the hold.
     resource_tracker.ensure_running()
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    earlier = set(multiprocessing.active_children())
     try:
-        context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs, join=False,
-                                     start_method="spawn")
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    try:
-        # A stop held during the spawn is raised here, inside the try that ends the ranks:
-        # raised before `context` existed, it left them running, and the interpreter's exit
-        # then waited for them (multiprocessing joins its children at exit).
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with stops_held(STOP_SIGNALS), blocked(STOP_SIGNALS):
+            context = mp.start_processes(_rank, args=(function, *args), nprocs=nprocs,
+                                         join=False, start_method="spawn")
         while not context.join():
             pass
     except mp.ProcessExitedException as failure:
@@ -73,7 +71,9 @@ def spawn_for_result(function: Callable, args: tuple, nprocs: int, result: str) 
               "its collectives had completed (tearing down); the figures are kept",
               file=sys.stderr)
     except BaseException:  # Ctrl-C, SIGTERM: torch's join ends the ranks only when one fails
-        _end(context.processes)
+        # Every child started since, not `context`'s: a spawn that fails at its third rank
+        # returns no context and leaves two running.
+        _end([child for child in multiprocessing.active_children() if child not in earlier])
         raise
     with open(result) as handle:
         return json.load(handle)

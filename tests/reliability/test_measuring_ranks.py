@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 import torch.multiprocessing as mp
@@ -30,12 +31,17 @@ def test_figures_are_written_whole_or_not_at_all(tmp_path):
     assert path.read_text() == '{"a": 1}' and not (tmp_path / "figures.json.partial").exists()
 
 
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "beside_a_thread"])
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number):
+def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number, other_thread):
     """Ctrl-C or SIGTERM while the ranks are being started (a loaded machine makes that
     last): held until the spawner has the ranks, then raised where it ends them. Raised
-    before, it left them running, and the command's exit waited for them."""
-    started = []
+    before, it left them running, and the command's exit waited for them. Beside another
+    thread the kernel hands the signal to that thread, past a mask (seen in CI): the stop
+    was raised too early, or the mask was left blocking every later stop."""
+    started, waiting = [], threading.Event()
+    if other_thread:
+        threading.Thread(target=waiting.wait, daemon=True).start()
     real_start = mp.start_processes
 
     def start_then_stopped(*args, **kwargs):
@@ -46,15 +52,43 @@ def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number):
 
     monkeypatch.setattr(mp, "start_processes", start_then_stopped)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # as kosmoss's commands
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
         with pytest.raises(KeyboardInterrupt):
             spawn_for_result(sleeping_rank, (120,), 3, str(tmp_path / "never.json"))
         alive = [process.pid for process in started if process.is_alive()]
+        after = (signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getsignal(signal.SIGTERM))
     finally:
+        waiting.set()
         signal.signal(signal.SIGTERM, previous)
         for process in started:
             process.kill()
     assert len(started) == 3 and not alive, f"ranks left running: {alive}"
+    assert after == (mask, _raise_keyboard_interrupt), "the stop signals were not given back"
+
+
+def test_a_spawn_that_fails_at_its_third_rank_ends_the_two_started(tmp_path, monkeypatch):
+    """torch's start_processes returns nothing when a rank's start fails: the ranks it had
+    started are found among the spawner's children and ended, not left to sleep."""
+    from multiprocessing.context import SpawnProcess
+
+    real_start, started = SpawnProcess.start, []
+
+    def start_or_fail(process):
+        if len(started) == 2:
+            raise OSError("no room for a third rank")
+        real_start(process)
+        started.append(process)
+
+    monkeypatch.setattr(SpawnProcess, "start", start_or_fail)
+    try:
+        with pytest.raises(OSError, match="third rank"):
+            spawn_for_result(sleeping_rank, (120,), 3, str(tmp_path / "never.json"))
+        alive = [process.pid for process in started if process.is_alive()]
+    finally:
+        for process in started:
+            process.kill()
+    assert len(started) == 2 and not alive, f"ranks left running: {alive}"
 
 
 def _raise_keyboard_interrupt(number, frame):
