@@ -12,6 +12,7 @@ from typing import Callable, Iterator, List, Mapping, Optional
 
 from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted, RunFailed,
                      UsageError)
+from .signals import restore
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -98,8 +99,7 @@ def stop_signals_unwind() -> Iterator[None]:
     try:
         yield
     finally:
-        for name, handler in previous.items():
-            signal.signal(name, handler)
+        restore(list(previous.items()))  # all of them, even when a late stop raises midway
 
 
 # A launcher's variables: (its rank on this node, a variable only its ranks have).

@@ -14,6 +14,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..core.signals import restore
 from ..devices.cpus import cores_per_process
 from . import hosts as host_sets
 from .lifetime import die_with, end_groups
@@ -113,8 +114,7 @@ def _run_nodes(commands: List[List[str]], base: Dict[str, str]) -> Optional[Node
         failure = _wait(nodes)
     finally:
         _stop(nodes)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore(list(previous.items()))  # all of them, even when a late stop raises midway
     if failure is not None and asked_to_stop:  # stopped before they could checkpoint
         raise Stopped(asked_to_stop[0])
     return failure

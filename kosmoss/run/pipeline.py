@@ -22,6 +22,7 @@ from rich.console import Console
 from .. import launch
 from ..core.errors import EXIT_FAILURE, RunFailed
 from ..core.files import read_json
+from ..core.signals import restore
 from ..data.store import verify_checksums
 from ..launch import records
 from .allocator import pin_malloc_thresholds
@@ -135,8 +136,7 @@ def signals_stop_the_run() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore(list(previous.items()))  # all of them, even when a late stop raises midway
 
 
 def _ignore_stop_signals() -> None:
