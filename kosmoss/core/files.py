@@ -113,11 +113,28 @@ def output_folder(out: Path, marker: str, whose: str, flag: str = "--out") -> Pa
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out}: is a file; give a folder (new, empty, or an earlier "
                          f"{whose})")
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
-        raise UsageError(f"{flag} {out}: not empty and holds no {marker}; give a new or empty "
-                         f"folder, or an earlier {whose}")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / marker).exists():
+            raise UsageError(f"{flag} {out}: not empty and holds no {marker}; give a new or "
+                             f"empty folder, or an earlier {whose}")
+        _check_earlier_output(out, marker, whose, flag)
     check_writable(out, flag)
     return out
+
+
+def _check_earlier_output(out: Path, marker: str, whose: str, flag: str) -> None:
+    """A ``marker`` of the user's own, or one that no longer reads, is not an earlier output:
+    taken for one, it and its neighbours of the same names were written over. Each command
+    stamps its JSON with ``kosmoss_<name>``."""
+    stamp = f"kosmoss_{Path(marker).stem}"
+    try:
+        ours = stamp in read_json_object(out / marker)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {out}: its {marker} cannot be read ({error}), so it is not "
+                         f"known to be an earlier {whose}; give a new or empty folder") from None
+    if not ours:
+        raise UsageError(f"{flag} {out}: its {marker} was not written by kosmoss (no "
+                         f"{stamp}); give a new or empty folder")
 
 
 def check_writable(folder: Path, flag: str, what_to_do: str = "give another folder") -> None:

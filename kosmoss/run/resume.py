@@ -98,7 +98,7 @@ class ResumePoint:
 def find(config: RunConfig) -> ResumePoint:
     """The resume point of ``config.resume``: the run, its checkpoint and its settings."""
     run_dir, named = run_folder(config.resume)
-    stored = _stored_run(run_dir)
+    stored = _stored_run(run_dir, config.resume)
     merged, notes = merge(config, stored.get("config") or {}, config.resume)
     checkpoint, content = readable_checkpoint(run_dir, named, config.resume)
     hparams = content.get("hyper_parameters") or {}
@@ -111,10 +111,20 @@ def find(config: RunConfig) -> ResumePoint:
                        merged, notes, stored, normalisation)
 
 
-def _stored_run(run_dir: Path) -> dict:
+def _stored_run(run_dir: Path, resume: str) -> dict:
     """run.json (written when the run started, so a killed run has it); result.json for a
-    run recorded before run.json kept the settings."""
-    stored = records.read_run(run_dir) or {}
+    run recorded before run.json kept the settings. A run.json that cannot be read is
+    refused: it says whether the run finished, and a resume that cannot tell would train a
+    finished run for no step and write its result.json over the real one."""
+    run_file = run_dir / records.RUN_FILE
+    try:
+        stored = read_json_object(run_file)
+    except FileNotFoundError:
+        stored = {}
+    except (OSError, ValueError) as error:
+        raise ConfigError("resume", f"{{field}} {resume}: its {run_file} cannot be read "
+                          f"({error}); it holds the run's state and settings: put it back, "
+                          "or start a new run") from None
     if not stored.get("config"):
         try:
             result = read_json_object(run_dir / "result.json")

@@ -56,7 +56,7 @@ def test_an_out_that_is_a_file_or_someone_elses_folder_is_refused(capsys, tmp_pa
 
 
 def test_an_earlier_bench_folder_or_a_new_one_is_accepted(tmp_path, monkeypatch):
-    (tmp_path / "bench.json").write_text("{}")
+    (tmp_path / "bench.json").write_text('{"kosmoss_bench": 1}')
     assert bench.output_folder(tmp_path) == tmp_path
     assert bench.output_folder(tmp_path / "new") == tmp_path / "new"
     monkeypatch.setenv("KOSMOSS_HOME", str(tmp_path / "home"))

@@ -140,6 +140,36 @@ def test_an_output_folder_on_a_disk_that_takes_no_writes_is_refused_first(
         assert sorted(mount.iterdir()) == before  # refused before anything was measured
 
 
+MARKED_OUT = [("bench", ["--quick", "--only", "raw-cpu"], "bench.json"),
+              ("comm", ["--ranks", "2", "--sizes", "1K", "2K"], "comm.json"),
+              ("project", ["--intra", "pcie4", "--device", "cpu"], "project.json")]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command, argv, marker", MARKED_OUT)
+@pytest.mark.parametrize("content, why", [
+    ('{"my": "settings"}', "was not written by kosmoss (no kosmoss_"),
+    ("{}", "was not written by kosmoss (no kosmoss_"),
+    ("{broken", "cannot be read (Expecting property name"),
+    ("[1, 2]", "cannot be read (it holds a JSON list"),
+    (None, "cannot be read (a FIFO, not a regular file)")])
+def test_an_output_folder_whose_marker_is_not_ours_is_refused(capsys, tmp_path, command, argv,
+                                                              marker, content, why):
+    """A folder holding a file of the marker's name was taken for an earlier output: the
+    user's own comm.json (or one that no longer reads) and its neighbours, written over."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    if content is None:
+        os.mkfifo(out / marker)
+    else:
+        (out / marker).write_text(content)
+    (out / marker.replace(".json", ".csv")).write_text("my table")
+    before = {path.name: path.is_file() and path.read_text() for path in out.iterdir()}
+    err = _one_line(capsys, COMMANDS[command], [*argv, "--out", str(out)])
+    assert f"--out {out}: its {marker} {why}" in err, err
+    assert {path.name: path.is_file() and path.read_text() for path in out.iterdir()} == before
+
+
 @pytest.fixture
 def one_gpu_run(tmp_path, monkeypatch):
     """A 1-GPU run to project from, and step timings that do not depend on the machine."""

@@ -207,11 +207,42 @@ def test_a_resume_on_a_dataset_prepared_again_with_other_data_is_refused(tmp_pat
 
 
 @pytest.mark.parametrize("result", ["[1, 2]", "null", '"done"', "{broken"])
-def test_damaged_records_leave_the_settings_unknown_not_a_traceback(tmp_path, result):
-    """run.json unreadable, result.json no object: no stored settings (the checkpoint's
-    model and the typed flags decide), not an AttributeError."""
+def test_a_damaged_result_leaves_the_settings_unknown_not_a_traceback(tmp_path, result):
+    """No run.json (a run recorded before it kept the settings), result.json no object: no
+    stored settings (the checkpoint's model and the typed flags decide), not an
+    AttributeError."""
     from kosmoss.run.resume import _stored_run
 
-    (tmp_path / "run.json").write_text("{broken")
     (tmp_path / "result.json").write_text(result)
-    assert _stored_run(tmp_path)["config"] is None
+    assert _stored_run(tmp_path, "R")["config"] is None
+
+
+@pytest.mark.parametrize("damage", ["{broken", "[1, 2]", "null", "fifo", "folder"])
+def test_a_finished_run_whose_run_json_is_damaged_is_refused_and_kept(tmp_path, monkeypatch,
+                                                                      damage):
+    """run.json says whether the run finished. Unreadable, it was taken for absent: the
+    resume trained the finished run for no step and wrote its result.json over the real one
+    ("too few steps to time" instead of its samples/s)."""
+    import os
+
+    from stops import run_in_process
+
+    from kosmoss.data.sources import SyntheticSource
+    from kosmoss.data.store import prepare as prepare_data
+
+    folder = tmp_path / "data"
+    prepare_data(SyntheticSource(600, seed=1), folder, shard_size=256)
+    flags = dict(dataset=str(folder), batch_size=64, hidden=(8,), max_epochs=1)
+    result = run_in_process(tmp_path / "home", monkeypatch, **flags)
+    run_file = Path(result["run_dir"]) / "run.json"
+    run_file.unlink()
+    if damage == "fifo":
+        os.mkfifo(run_file)
+    elif damage == "folder":
+        run_file.mkdir()
+    else:
+        run_file.write_text(damage)
+    before = _snapshot(Path(result["run_dir"]))
+    _refused(tmp_path / "home", monkeypatch, f"--resume {result['run_id']}: its {run_file} "
+             "cannot be read (", resume=result["run_id"], **flags)
+    assert _snapshot(Path(result["run_dir"])) == before
