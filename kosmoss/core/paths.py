@@ -10,7 +10,10 @@ from pathlib import Path
 
 
 def home() -> Path:
-    return Path(os.environ.get("KOSMOSS_HOME") or Path.home() / ".kosmoss").expanduser()
+    # Absolute: a relative KOSMOSS_HOME printed in a run's paths, and in run.json, named
+    # another folder once read from elsewhere (`kosmoss watch` in another shell).
+    chosen = os.environ.get("KOSMOSS_HOME") or Path.home() / ".kosmoss"
+    return Path(chosen).expanduser().absolute()
 
 
 def data_root() -> Path:

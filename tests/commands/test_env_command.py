@@ -40,3 +40,14 @@ def test_launcher_detection(monkeypatch, variables, launcher):
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     assert detect_launcher() == launcher
+
+
+def test_a_relative_home_is_made_absolute_where_it_was_given(tmp_path, monkeypatch):
+    """A run's paths (printed, and kept in run.json) named another folder once read from
+    another working folder when KOSMOSS_HOME was relative."""
+    from kosmoss.core import paths
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KOSMOSS_HOME", "course/home")
+    assert paths.home() == tmp_path / "course" / "home"
+    assert paths.runs_root().is_absolute()
