@@ -25,12 +25,13 @@ nodes on this host), :mod:`.lifetime` (nothing outlives its launcher), :mod:`.po
 from .lifetime import (SPAWNER_ENV, die_with, die_with_spawner, end_groups, local_ranks_die_with_me,
                        started_by_kosmoss)
 from .nodes import NodeFailure, simulate_nodes
-from .ports import check_master_port, free_port, port_holder, port_holders, port_is_free
+from .ports import (check_master_addr, check_master_port, free_port, port_holder, port_holders,
+                    port_is_free)
 from .spawn import leave_rank, spawn_for_result, write_result
 from .topology import SIMULATED_NODE_ENV, Launcher, Topology, cluster_environment, resolve
 
 __all__ = ["SIMULATED_NODE_ENV", "SPAWNER_ENV", "Launcher", "NodeFailure", "Topology",
-           "check_master_port", "cluster_environment", "die_with", "die_with_spawner",
-           "end_groups", "free_port", "leave_rank", "local_ranks_die_with_me", "port_holder",
-           "port_holders", "port_is_free", "resolve", "simulate_nodes", "spawn_for_result",
+           "check_master_addr", "check_master_port", "cluster_environment", "die_with",
+           "die_with_spawner", "end_groups", "free_port", "leave_rank", "local_ranks_die_with_me",
+           "port_holder", "port_holders", "port_is_free", "resolve", "simulate_nodes", "spawn_for_result",
            "started_by_kosmoss", "write_result"]

@@ -9,7 +9,7 @@ from typing import List, Optional
 import psutil
 
 from ..core.errors import UsageError
-from .topology import Topology
+from .topology import Launcher, Topology
 
 
 def free_port() -> int:
@@ -30,6 +30,37 @@ def check_master_port(topology: Topology) -> None:
     if not port_is_free(int(port)):
         raise UsageError(f"MASTER_PORT {port} is busy, {port_holder(int(port))}: end that "
                          "process, or unset MASTER_PORT and kosmoss picks a free one")
+
+
+def check_master_addr(topology: Topology) -> None:
+    """Lightning's local ranks meet at MASTER_ADDR when it is set: one left in the shell by
+    a cluster job, that this machine cannot listen on, made them retry for minutes (the
+    store's timeout) before a traceback. Every rank of such a run starts on this machine."""
+    address = os.environ.get("MASTER_ADDR")
+    if address is None or topology.launcher is not Launcher.LIGHTNING or \
+            not topology.launcher.starts_ranks:
+        return
+    problem = _cannot_listen_on(address)
+    if problem:
+        raise UsageError(f"MASTER_ADDR {address!r} {problem}, and every rank of this run starts "
+                         "on this machine: unset it (the ranks meet at 127.0.0.1) or give one "
+                         "of this machine's addresses")
+
+
+def _cannot_listen_on(address: str) -> Optional[str]:
+    """Why rank 0 could not listen on ``address``, or None (a bind to port 0 says it)."""
+    try:
+        found = socket.getaddrinfo(address or None, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        return f"does not resolve ({getattr(error, 'strerror', None) or error})"
+    for family, kind, protocol, _, where in found:
+        with socket.socket(family, kind, protocol) as sock:
+            try:
+                sock.bind((where[0], 0))
+                return None
+            except OSError:
+                continue
+    return "is not an address of this machine"
 
 
 def port_is_free(port: int) -> bool:

@@ -104,6 +104,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     engine.check_available()
     topology = launch.resolve(config.num_processes, config.num_nodes, engine)
     launch.check_master_port(topology)
+    launch.check_master_addr(topology)
     _check_hosts_launch(config, topology)
     if point is not None and _starts_the_attempt(topology):
         point.check_can_continue(topology.world_size)

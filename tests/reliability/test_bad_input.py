@@ -128,6 +128,31 @@ def test_a_master_port_that_is_no_port_is_one_line(shared_home, value):
     assert f"MASTER_PORT {value!r} is not a TCP port: unset it" in lines[0]
 
 
+@pytest.mark.parametrize("value, why", [
+    ("no.such.host.invalid", "does not resolve"),
+    ("", "does not resolve"),
+    ("192.0.2.1", "is not an address of this machine"),  # TEST-NET-1: never this machine's
+])
+def test_a_master_addr_the_local_ranks_cannot_meet_at_is_one_line(shared_home, value, why):
+    """A MASTER_ADDR left in the shell by a cluster job: Lightning's local ranks retried it
+    for minutes (the store's timeout) before a traceback. 192.0.2.1 is only bound to, never
+    sent to."""
+    proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--num-processes", "2", "--max-steps", "2"], shared_home, timeout=120,
+                      env_extra={"MASTER_ADDR": value})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"MASTER_ADDR {value!r} {why}" in lines[0], lines[0]
+    assert "every rank of this run starts on this machine: unset it" in lines[0]
+
+
+def test_a_master_addr_of_this_machine_is_where_the_local_ranks_meet(shared_home):
+    proc = run_script(["trainup_cpu.py", "--dataset", str(shared_home / "data" / "tiny"),
+                       "--num-processes", "2", "--max-steps", "2", "--no-progress"], shared_home,
+                      timeout=300, env_extra={"MASTER_ADDR": "localhost"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, expected", [
     (["--num-processes", "3"], "--num-processes 3 contradicts torchrun's --nproc_per_node 2"),
