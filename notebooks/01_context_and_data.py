@@ -378,12 +378,12 @@ from kosmoss.exercises import check; check("01.feature_counts", globals())
 # %% [markdown]
 # **Standardise each input feature, keeping tiny-valued but varying features.**
 #
-# Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a
-# tensor of the same shape where each feature (column) is centred by its mean and divided
-# by its standard deviation over the samples (either convention, over `n` or `n - 1`). A
-# feature is *constant* when its standard deviation is at most `1e-6` times its mean
-# absolute value (exactly zero included): constant features become exactly `0`, never
-# NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
+# Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a new
+# tensor of the same shape, `x` left unchanged, where each feature (column) is centred by
+# its mean and divided by its standard deviation over the samples (either convention, over
+# `n` or `n - 1`). A feature is *constant* when its standard deviation is at most `1e-6`
+# times its mean absolute value (exactly zero included): constant features become exactly
+# `0`, never NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
 # percent: they are not constant. A surface pressure whose samples differ by one float32
 # step is constant. The checker feeds a float32 batch with features of every kind,
 # negative ones included, and compares feature by feature.

@@ -490,10 +490,11 @@ from kosmoss.exercises import check; check("03.average_gradients", globals())
 # Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
 # columns (an integer) one rank's forward pass sees when `--batch-size` is the global
 # batch and the world is `num_nodes × devices_per_node` ranks. When the global batch
-# cannot be split evenly (not a multiple of the world size, or fewer columns than ranks),
-# raise a `ValueError` whose message says why, instead of training with another batch than
-# the one asked for. The checker compares with what `kosmoss.scaling.arithmetic.plan`
-# accepts and refuses on a range of set-ups, without calling it from your cell.
+# cannot be split evenly (not a multiple of the world size, or fewer columns than ranks:
+# zero and negative batches included), raise a `ValueError` whose message says why, instead
+# of training with another batch than the one asked for. The checker compares with what
+# `kosmoss.scaling.arithmetic.plan` accepts and refuses on a range of set-ups, without
+# calling it from your cell.
 
 # %%
 # exercise: 03.per_device_batch

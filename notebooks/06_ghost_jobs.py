@@ -350,7 +350,8 @@ elif gpus():
 # `net_connections` lists every socket with its local address, status and pid). The
 # checker starts a process that listens on a free port and asks your function; then that
 # process ends while another one holds the same port number for UDP (which is no TCP
-# listener), and it asks again; then nobody holds it.
+# listener), and it asks again; then nobody holds it. A connection's local end, in any state
+# (ESTABLISHED, CLOSE_WAIT, ...), is no listener.
 
 # %%
 # exercise: 06.port_holder

@@ -447,10 +447,10 @@ from kosmoss.exercises import check; check("10.sum_stats", globals())
 # waits for the slowest rank. Return the sorted list of the ranks that hold the others
 # back, by `kosmoss watch`'s rule: a rank is a straggler when its own work per step is
 # larger than the median of the *other* ranks' by more than `30` percent *and* by at least
-# `2` ms (smaller gaps are timer noise). Under DDP every rank makes the same number of
-# steps per second, so step rates cannot tell. The checker compares with `kosmoss watch`'s
-# own code on several sets of ranks, two stragglers and both thresholds met exactly among
-# them.
+# `2` ms (smaller gaps are timer noise); a rank alone, with no others, is none. Under DDP
+# every rank makes the same number of steps per second, so step rates cannot tell. The
+# checker compares with `kosmoss watch`'s own code on several sets of ranks, two
+# stragglers, both thresholds met exactly and a world of one among them.
 
 # %%
 # exercise: 10.stragglers

@@ -278,9 +278,10 @@ from kosmoss.exercises import check; check("12.step_time", globals())
 # to its addresses as `"address/prefix"` strings (what `ip addr` shows, e.g.
 # `{"lo": ["127.0.0.1/8"], "kosmoss0": ["10.213.0.2/24"]}`); return the name of the
 # interface whose network holds `master_addr`, the most specific one (longest prefix) when
-# several do, as a routing table decides; `None` when none does. A master on this host
-# (`127.0.0.1`) is reached over the loopback. The checker tries hosts with several
-# interfaces, overlapping networks, a master on no network and interfaces without address.
+# several do, as a routing table decides, and the first of them in `interfaces`' order when
+# their prefixes tie; `None` when none does. A master on this host (`127.0.0.1`) is reached
+# over the loopback. The checker tries hosts with several interfaces, overlapping networks,
+# equally specific ones, a master on no network and interfaces without address.
 # %%
 # exercise: 12.pick_interface
 import ipaddress

@@ -129,12 +129,12 @@ def _line(values: dict):
 NORMALISE_STATEMENT = """\
 **Standardise each input feature, keeping tiny-valued but varying features.**
 
-Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a
-tensor of the same shape where each feature (column) is centred by its mean and divided
-by its standard deviation over the samples (either convention, over `n` or `n - 1`). A
-feature is *constant* when its standard deviation is at most `1e-6` times its mean
-absolute value (exactly zero included): constant features become exactly `0`, never
-NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
+Write `normalise(x)`: `x` is a float32 tensor of shape (samples, features); return a new
+tensor of the same shape, `x` left unchanged, where each feature (column) is centred by
+its mean and divided by its standard deviation over the samples (either convention, over
+`n` or `n - 1`). A feature is *constant* when its standard deviation is at most `1e-6`
+times its mean absolute value (exactly zero included): constant features become exactly
+`0`, never NaN. Mixing ratios of trace gases are around `1e-10` and vary by a fraction of a
 percent: they are not constant. A surface pressure whose samples differ by one float32
 step is constant. The checker feeds a float32 batch with features of every kind,
 negative ones included, and compares feature by feature.
@@ -333,7 +333,8 @@ def normalise_judge(namespace: dict) -> tuple:
     import torch
 
     x = feature_batch()
-    got = learner(namespace, "normalise")(x.clone())
+    given = x.clone()  # compared with x afterwards: the caller's batch must be left as it was
+    got = learner(namespace, "normalise")(given)
     if not isinstance(got, torch.Tensor):
         # A numpy array (or list) standardised right is still no input for a torch model.
         kind = "numpy array" if type(got).__module__ == "numpy" else type(got).__name__
@@ -349,6 +350,10 @@ def normalise_judge(namespace: dict) -> tuple:
             about_the_test = hint and "constant" in message
             return failed(f"feature {feature} ({description}) {message}"
                           + (f" — {hint}" if about_the_test else ""))
+    if not torch.equal(given, x):
+        return failed("the right values, but your normalise changed its input x in place: "
+                      "leave x unchanged and return a new tensor (x - mean, not x -= mean) — "
+                      "the caller still holds that batch, and would see it standardised")
     return passed(f"all {len(FEATURES)} kinds of feature standardised to float32 precision; "
                   "the constant ones are exactly 0 and the tiny-valued ones kept")
 

@@ -243,10 +243,11 @@ BATCH_STATEMENT = """\
 Write `per_device_batch(global_batch_size, num_nodes, devices_per_node)`: the number of
 columns (an integer) one rank's forward pass sees when `--batch-size` is the global
 batch and the world is `num_nodes × devices_per_node` ranks. When the global batch
-cannot be split evenly (not a multiple of the world size, or fewer columns than ranks),
-raise a `ValueError` whose message says why, instead of training with another batch than
-the one asked for. The checker compares with what `kosmoss.scaling.arithmetic.plan`
-accepts and refuses on a range of set-ups, without calling it from your cell.
+cannot be split evenly (not a multiple of the world size, or fewer columns than ranks:
+zero and negative batches included), raise a `ValueError` whose message says why, instead
+of training with another batch than the one asked for. The checker compares with what
+`kosmoss.scaling.arithmetic.plan` accepts and refuses on a range of set-ups, without
+calling it from your cell.
 """
 
 BATCH_SKELETON = """
@@ -313,6 +314,7 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
 
 BATCH_CASES = ((256, 1, 2), (512, 2, 2), (96, 3, 4), (12, 2, 3), (64, 1, 1), (2, 1, 2),
                (250, 1, 4), (130, 2, 2), (3, 1, 4), (0, 1, 2), (126, 1, 2))
+BATCH_CASES += ((-4, 1, 2),)  # after 0: a test for == 0 misses a negative batch
 
 
 def batch_judge(namespace: dict) -> tuple:
@@ -356,7 +358,9 @@ def _refused(mine, setup: str, refusal, args):
                     "why (and what to use instead)")
         return (f"for {setup} yours raised {type(err).__name__}; raise a ValueError that says "
                 "why (an assert disappears under python -O, and is no message for a user)")
-    hint = " — a rank with no column to train on" if got == 0 else ""
+    hint = (" — a rank with no column to train on" if got == 0 else
+            " — a negative batch is fewer columns than ranks too" if is_integer(got) and got < 0
+            else "")
     return (f"for {setup} yours returned {got!r}{hint}; kosmoss refuses it ({refusal}) — "
             "training on another batch than the one asked for, without a word, was the "
             "original course's bug")

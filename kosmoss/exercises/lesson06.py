@@ -20,7 +20,8 @@ Write `port_holder(port)`: the pid (an integer) of the process *listening* on TC
 `net_connections` lists every socket with its local address, status and pid). The
 checker starts a process that listens on a free port and asks your function; then that
 process ends while another one holds the same port number for UDP (which is no TCP
-listener), and it asks again; then nobody holds it.
+listener), and it asks again; then nobody holds it. A connection's local end, in any state
+(ESTABLISHED, CLOSE_WAIT, ...), is no listener.
 """
 
 HOLDER_SKELETON = """
@@ -99,10 +100,13 @@ HOLDER = ("import socket, sys\n"
           "s.bind(('::1' if six else '127.0.0.1', int(sys.argv[2])))\n"
           "if kind == socket.SOCK_STREAM:\n"
           "    s.listen()\n"
-          "if sys.argv[1] == 'client':\n"  # a connection to that listener: its own port
+          "if sys.argv[1] in ('client', 'hungup'):\n"  # a connection to that listener
           "    c = socket.create_connection(s.getsockname())\n"
           "    held = (s, s.accept())\n"
           "    s = c\n"
+          "if sys.argv[1] == 'hungup':\n"  # the listener's end closes: ours is in CLOSE_WAIT
+          "    held[1][0].close()\n"
+          "    c.recv(1)\n"  # b'' once the peer's FIN has come: CLOSE_WAIT for sure
           "print(s.getsockname()[1], flush=True)\n"
           "sys.stdin.read()\n")  # until the checker closes stdin (or dies)
 
@@ -111,7 +115,8 @@ HOLDER = ("import socket, sys\n"
 def holder(kind: str, port: int = 0) -> Iterator[Tuple[int, int]]:
     """(pid, port) of a child that holds a port (``tcp``: listens; ``tcp6``: listens on
     IPv6's loopback; ``client``: the local end of a connection to a listener of its own, on
-    another port) until the block ends."""
+    another port; ``hungup``: the same, once that listener's end has closed) until the block
+    ends."""
     child = subprocess.Popen([sys.executable, "-c", HOLDER, kind, str(port)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -141,12 +146,17 @@ def holder_judge(namespace: dict) -> tuple:
             got = mine(other_port)
             if got is not None:
                 return failed(_not_a_listener(kind, pid, other_pid, other_port, got))
+    with holder("hungup") as (other_pid, other_port):  # nor a connection in CLOSE_WAIT
+        got = mine(other_port)
+        if got is not None:
+            return failed(_not_a_listener("hungup", pid, other_pid, other_port, got))
     after = mine(port)
     if after is not None:
         return failed(f"once pid {pid} and the holders after it have ended nobody holds port "
                       f"{port}, but your port_holder({port}) returned {after!r}")
     return passed(f"found pid {pid} on TCP port {port}; nobody once it had ended, a UDP "
-                  "socket on the same number and a connection's local port included")
+                  "socket on the same number and a connection's local port, established "
+                  "and in CLOSE_WAIT, included")
 
 
 def _ipv6_loopback() -> bool:
@@ -168,6 +178,11 @@ def _not_a_listener(kind: str, pid: int, other_pid: int, port: int, got) -> str:
         return (f"pid {pid} has ended; pid {other_pid} holds port {port} for UDP, which is no "
                 f"TCP listener, but your port_holder({port}) returned {got!r}: only a TCP "
                 "socket in the LISTEN state holds MASTER_PORT for the next run")
+    if kind == "hungup":
+        return (f"pid {other_pid} has a TCP connection in CLOSE_WAIT (its peer hung up) whose "
+                f"local end is port {port}, but nobody listens on it; your "
+                f"port_holder({port}) returned {got!r}: a connection is no listener in any "
+                "state — test status == LISTEN, not status != ESTABLISHED")
     return (f"pid {other_pid} has a TCP connection whose local end is port {port}, but nobody "
             f"listens on it; your port_holder({port}) returned {got!r}: a connection's end is "
             "no listener — only a socket in the LISTEN state holds MASTER_PORT")

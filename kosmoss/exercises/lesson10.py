@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import List
 
-from .core import Exercise, Mistake, failed, learner, passed
+from .core import Exercise, LearnerRaised, Mistake, failed, learner, passed
 
 # ---------------------------------------------------------------- 10.sum_stats
 
@@ -200,10 +200,10 @@ forward, optimizer), and `wait_ms`, the time it spent in backward, where DDP's a
 waits for the slowest rank. Return the sorted list of the ranks that hold the others
 back, by `kosmoss watch`'s rule: a rank is a straggler when its own work per step is
 larger than the median of the *other* ranks' by more than `30` percent *and* by at least
-`2` ms (smaller gaps are timer noise). Under DDP every rank makes the same number of
-steps per second, so step rates cannot tell. The checker compares with `kosmoss watch`'s
-own code on several sets of ranks, two stragglers and both thresholds met exactly among
-them.
+`2` ms (smaller gaps are timer noise); a rank alone, with no others, is none. Under DDP
+every rank makes the same number of steps per second, so step rates cannot tell. The
+checker compares with `kosmoss watch`'s own code on several sets of ranks, two
+stragglers, both thresholds met exactly and a world of one among them.
 """
 
 STRAGGLER_SKELETON = """
@@ -217,6 +217,8 @@ import statistics
 
 
 def stragglers(busy_ms, wait_ms):
+    if len(busy_ms) < 2:  # no other ranks: nobody to hold back (and no median)
+        return []
     slow = []
     for rank, mine in enumerate(busy_ms):
         others = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
@@ -291,6 +293,7 @@ STRAGGLER_CASES = (
     # three speeds, the slowest last: rank 2 is below its others' median (12 ms), though
     # above that of the ranks but the slowest (6 ms)
     ((20.0, 4.0, 8.0, 4.0, 30.0), (12.0, 27.0, 23.0, 27.0, 1.0)),
+    ((45.0,), (0.0,)),  # a world of one: nobody to hold back
 )
 
 
@@ -308,7 +311,13 @@ def straggler_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "stragglers")
     for busy, wait in STRAGGLER_CASES:
         expected = kosmoss_stragglers(busy, wait)
-        returned = mine(list(busy), list(wait))
+        try:
+            returned = mine(list(busy), list(wait))
+        except LearnerRaised as err:  # the world of one: statistics.median([]) raises
+            if len(busy) > 1:
+                raise
+            raise LearnerRaised(f"one rank, busy {list(busy)} ms per step: {err}{ALONE}",
+                                err.original) from None
         try:
             ranks = [int(rank) for rank in returned]
         except (TypeError, ValueError):
@@ -324,6 +333,9 @@ def straggler_judge(namespace: dict) -> tuple:
                           "list, in increasing order (sorted(...)), as kosmoss watch lists them")
     return passed(f"the same ranks as kosmoss watch in {len(STRAGGLER_CASES)} sets of heartbeats")
 
+
+ALONE = (" — a rank alone holds back nobody: with no other ranks there is no median to "
+         "compare with, and no straggler (return [])")
 
 # (what a learner may take for the others' median, what they are told)
 TYPICAL_MISTAKES = (
@@ -351,6 +363,8 @@ def _flagged(busy, typical) -> List[int]:
 def _straggler_hint(got, expected, busy, wait) -> str:
     import statistics
 
+    if len(busy) == 1:
+        return ALONE
     if got and all(wait[r] == max(wait) for r in got):
         return (" — the rank that waits longest is the fast one: it waits in the all-reduce "
                 "for the straggler; look at each rank's own work")

@@ -129,9 +129,10 @@ Write `pick_interface(interfaces, master_addr)`: `interfaces` maps each interfac
 to its addresses as `"address/prefix"` strings (what `ip addr` shows, e.g.
 `{"lo": ["127.0.0.1/8"], "kosmoss0": ["10.213.0.2/24"]}`); return the name of the
 interface whose network holds `master_addr`, the most specific one (longest prefix) when
-several do, as a routing table decides; `None` when none does. A master on this host
-(`127.0.0.1`) is reached over the loopback. The checker tries hosts with several
-interfaces, overlapping networks, a master on no network and interfaces without address.
+several do, as a routing table decides, and the first of them in `interfaces`' order when
+their prefixes tie; `None` when none does. A master on this host (`127.0.0.1`) is reached
+over the loopback. The checker tries hosts with several interfaces, overlapping networks,
+equally specific ones, a master on no network and interfaces without address.
 """
 
 PICK_SKELETON = '''
@@ -218,6 +219,20 @@ def pick_interface(interfaces, master_addr):
                 best, best_prefix = name, network.prefixlen
     return best
 ''', "a fallback instead of None"),
+    "the last of equally specific networks, not the first given": Mistake('''
+import ipaddress
+
+
+def pick_interface(interfaces, master_addr):
+    target = ipaddress.ip_address(master_addr)
+    best, best_prefix = None, -1
+    for name, addresses in interfaces.items():
+        for address in addresses:
+            network = ipaddress.ip_interface(address).network
+            if target in network and network.prefixlen >= best_prefix:
+                best, best_prefix = name, network.prefixlen
+    return best
+''', "the last of equally specific networks, not the first given"),
 }
 
 HOST = {"lo": ["127.0.0.1/8"], "kosmoss0": ["10.213.0.2/24"]}
@@ -240,6 +255,10 @@ PICK_CASES = (
     # route may go over any of them, not only the first
     ({"lo": ["127.0.0.1/8"], "eth0": ["192.168.1.5/24", "10.213.0.2/24", "172.17.0.1/16"]},
      "10.213.0.1"),
+    # four NICs on the same /24: the first in the order given, not the last, nor the first
+    # or last by name
+    ({"lo": ["127.0.0.1/8"], "eth1": ["10.5.0.2/24"], "eth0": ["10.5.0.3/24"],
+      "ib1": ["10.5.0.4/24"], "ib0": ["10.5.0.5/24"]}, "10.5.0.1"),
 )
 
 
@@ -248,7 +267,8 @@ def pick_right(interfaces: Dict[str, List[str]], master: str) -> Optional[str]:
     matches = [(ipaddress.ip_interface(a).network.prefixlen, name)
                for name, addresses in interfaces.items() for a in addresses
                if target in ipaddress.ip_interface(a).network]
-    return max(matches)[1] if matches else None
+    # max keeps the first of equal prefixes: the first interface in the order given
+    return max(matches, key=lambda match: match[0])[1] if matches else None
 
 
 def pick_judge(namespace: dict) -> tuple:
@@ -262,6 +282,7 @@ def pick_judge(namespace: dict) -> tuple:
                           + (mistake(PICK_WRONG, "pick_interface", PICK_CASES, answers)
                              or _unknown_hint(got, interfaces)
                              or _several_hint(got, right, interfaces)
+                             or _tie_hint(got, master, interfaces)
                              or _octets_hint(interfaces)))
     return passed(f"the route's interface in {len(PICK_CASES)} cases, overlapping networks "
                   "and no route included")
@@ -280,6 +301,19 @@ def _several_hint(got, right: Optional[str], interfaces: Dict[str, List[str]]) -
         return ""
     return (f": {right!r} has several addresses ({', '.join(interfaces[right])}) — look at "
             "each of them, not at the first only")
+
+
+def _tie_hint(got, master: str, interfaces: Dict[str, List[str]]) -> str:
+    target = ipaddress.ip_address(master)
+    prefixes = {name: max((ipaddress.ip_interface(a).network.prefixlen for a in addresses
+                           if target in ipaddress.ip_interface(a).network), default=-1)
+                for name, addresses in interfaces.items()}
+    best = max(prefixes.values())
+    tied = [name for name, prefix in prefixes.items() if prefix == best >= 0]
+    if got not in tied[1:]:
+        return ""
+    return (f": {', '.join(tied)} are all on a /{best} that holds it — take the first of them "
+            "in the order given, as the statement says")
 
 
 def _octets_hint(interfaces: Dict[str, List[str]]) -> str:

@@ -1,4 +1,4 @@
-"""Four plausible wrong answers the checkers once called correct, as a learner wrote them:
+"""Plausible wrong answers the checkers once called correct, as a learner wrote them:
 each is now rejected, with a message that says why.
 
 - 01.normalise, the usual `std == 0` guard: a float32 column one ulp apart came out
@@ -6,7 +6,11 @@ each is now rejected, with a message that says why.
 - 08.training_memory, every bias forgotten: 0.6 % low, inside the old 1 % tolerance;
 - 03.average_gradients, `p.grad /= 2`: 1.5 instead of 1.0 on 3 ranks;
 - 09.ring_all_reduce, the reduce-scatter's index walking `+step`: 4.65 away from
-  `all_reduce` on 3 ranks.
+  `all_reduce` on 3 ranks;
+- where the statement left room (each now says which): 03.per_device_batch refusing 0 but
+  not -4; 06.port_holder testing `status != ESTABLISHED` (a CLOSE_WAIT is no listener);
+  10.stragglers flagging a rank alone; 12.pick_interface breaking a tie by name, not by the
+  order given; 01.normalise standardising the caller's x in place.
 """
 from __future__ import annotations
 
@@ -78,6 +82,67 @@ def ring_all_reduce(tensor):
     return tensor
 '''
 
+NEGATIVE_ACCEPTED = '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    if global_batch_size == 0 or global_batch_size % world_size:
+        raise ValueError(f"{global_batch_size} does not split over {world_size} ranks")
+    return global_batch_size // world_size
+'''
+
+NOT_ESTABLISHED = '''
+import psutil
+
+
+def port_holder(port):
+    for c in psutil.net_connections(kind="tcp"):
+        if c.laddr and c.laddr.port == port and c.status != psutil.CONN_ESTABLISHED:
+            return c.pid
+    return None
+'''
+
+ALONE_A_STRAGGLER = '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = busy_ms[:rank] + busy_ms[rank + 1:]
+        typical = statistics.median(others) if others else 0.0
+        if mine > typical * 1.3 and mine - typical >= 2:
+            slow.append(rank)
+    return slow
+'''
+
+TIE_BY_NAME = '''
+import ipaddress
+
+
+def pick_interface(interfaces, master_addr):
+    target = ipaddress.ip_address(master_addr)
+    best, best_prefix = None, -1
+    for name in sorted(interfaces):
+        for address in interfaces[name]:
+            network = ipaddress.ip_interface(address).network
+            if target in network and network.prefixlen > best_prefix:
+                best, best_prefix = name, network.prefixlen
+    return best
+'''
+
+IN_PLACE = '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = std <= 1e-6 * x.abs().mean(dim=0)
+    x -= x.mean(dim=0)
+    x /= torch.where(constant, torch.ones_like(std), std)
+    x[:, constant] = 0
+    return x
+'''
+
 
 def _verdict(exercise_id: str, body: str):
     exercise = find(exercise_id)
@@ -114,3 +179,36 @@ def test_a_ring_walking_plus_step_is_right_at_two_ranks_only():
         [(2, True), (3, False), (4, False)]
     assert verdict.message.startswith("at 3 ranks: ") and "holds the sum of rank(s)" in \
         verdict.message, verdict.line
+
+
+def test_a_negative_global_batch_is_refused_as_zero_is():
+    verdict = _verdict("03.per_device_batch", NEGATIVE_ACCEPTED)
+    assert verdict.status == WRONG, verdict.line
+    assert "a global batch of -4" in verdict.message, verdict.line
+    assert "a negative batch is fewer columns than ranks too" in verdict.message, verdict.line
+
+
+def test_a_connection_in_close_wait_is_no_listener():
+    verdict = _verdict("06.port_holder", NOT_ESTABLISHED)
+    assert verdict.status == WRONG, verdict.line
+    assert "CLOSE_WAIT" in verdict.message and "status == LISTEN" in verdict.message, \
+        verdict.line
+
+
+def test_a_rank_alone_is_no_straggler():
+    verdict = _verdict("10.stragglers", ALONE_A_STRAGGLER)
+    assert verdict.status == WRONG, verdict.line
+    assert "a rank alone holds back nobody" in verdict.message, verdict.line
+
+
+def test_a_tie_goes_to_the_first_interface_given_not_by_name():
+    verdict = _verdict("12.pick_interface", TIE_BY_NAME)
+    assert verdict.status == WRONG, verdict.line
+    assert "yours is 'eth0', the route goes over 'eth1'" in verdict.message, verdict.line
+    assert "the first of them in the order given" in verdict.message, verdict.line
+
+
+def test_normalising_in_place_changes_the_callers_batch():
+    verdict = _verdict("01.normalise", IN_PLACE)
+    assert verdict.status == WRONG, verdict.line
+    assert "changed its input x in place" in verdict.message, verdict.line
