@@ -59,7 +59,7 @@ def optimizer_steps(n_train, batch_size, epochs, accumulate_grad_batches=1):
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     ranks = num_nodes * devices_per_node
     per_rank, left = divmod(global_batch_size, ranks)
-    if left or per_rank == 0:
+    if left or per_rank < 1:
         raise ValueError(f"{global_batch_size} columns do not split over {ranks} ranks")
     return per_rank
 '''],
@@ -377,10 +377,10 @@ import ipaddress
 
 def pick_interface(interfaces, master_addr):
     target = ipaddress.ip_address(master_addr)
-    candidates = [(ipaddress.ip_interface(a).network.prefixlen, name)
-                  for name, addresses in interfaces.items() for a in addresses
-                  if target in ipaddress.ip_interface(a).network]
-    return max(candidates)[1] if candidates else None
+    candidates = [(ipaddress.ip_interface(a).network.prefixlen, -order, name)
+                  for order, (name, addresses) in enumerate(interfaces.items())
+                  for a in addresses if target in ipaddress.ip_interface(a).network]
+    return max(candidates)[2] if candidates else None  # a tie: the first given
 '''],
     "08b.sample_limit": ['''
 def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
