@@ -219,20 +219,9 @@ def pick_interface(interfaces, master_addr):
                 best, best_prefix = name, network.prefixlen
     return best
 ''', "a fallback instead of None"),
-    "the last of equally specific networks, not the first given": Mistake('''
-import ipaddress
-
-
-def pick_interface(interfaces, master_addr):
-    target = ipaddress.ip_address(master_addr)
-    best, best_prefix = None, -1
-    for name, addresses in interfaces.items():
-        for address in addresses:
-            network = ipaddress.ip_interface(address).network
-            if target in network and network.prefixlen >= best_prefix:
-                best, best_prefix = name, network.prefixlen
-    return best
-''', "the last of equally specific networks, not the first given"),
+    "the last of equally specific networks, not the first given": Mistake(PICK_REFERENCE.replace(
+        "network.prefixlen > best_prefix", "network.prefixlen >= best_prefix"),
+        "the last of equally specific networks, not the first given"),
 }
 
 HOST = {"lo": ["127.0.0.1/8"], "kosmoss0": ["10.213.0.2/24"]}
