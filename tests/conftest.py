@@ -13,10 +13,33 @@ from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
 
 
+# Tests that list or end processes and network namespaces of any KOSMOSS_HOME (`kosmoss
+# ghosts --kill`, lessons 6, 10 and 12, the host sets) or build on what such tests saved (the
+# site on the executed lessons): they run alone, never beside another pytest-xdist worker.
+WHOLE_MACHINE = ("ghosts", "hosts", "lessons", "site")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:  # a test's own timeout mark (the lessons') wins
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+        if _test_folder(item.nodeid) in WHOLE_MACHINE:
+            item.add_marker(pytest.mark.whole_machine)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the process that runs the workers
+def pytest_xdist_node_collection_finished(node, ids):
+    beside = [nodeid for nodeid in ids if _test_folder(nodeid) in WHOLE_MACHINE]
+    if beside:
+        pytest.exit(f"{beside[0]} (and {len(beside) - 1} more) look at the whole machine and "
+                    'must run alone: add -m "not whole_machine" to this -n run, then run '
+                    "python -m pytest -m whole_machine", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def _test_folder(nodeid: str) -> str:
+    """"lessons" for tests/lessons/test_lessons.py::..., "" for a test file in tests/."""
+    path = nodeid.split("::")[0].split("/")
+    return path[1] if len(path) > 2 else ""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -43,6 +66,19 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, ModuleNotFoundError, OSError):  # no passwd entry, as in some containers
         return f"uid_{os.getuid()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def a_kosmoss_home_per_xdist_worker(tmp_path_factory):
+    """Under pytest-xdist each worker gets its own KOSMOSS_HOME for the tests that take the
+    session's: two workers never prepare one dataset in one folder at once."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    home = tmp_path_factory.getbasetemp() / "kosmoss-home"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KOSMOSS_HOME", str(home))
+        yield home
 
 
 @pytest.fixture

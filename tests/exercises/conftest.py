@@ -1,10 +1,15 @@
 """The distributed exercises' catalogues checked once for the whole session: the checks
 run in one launch of gloo processes at 2, 3 and 4 ranks (starting them costs more than
 the checks); test_checkers.py judges the results, test_mutants.py judges the same results
-with mutated judges."""
+with mutated judges. Under pytest-xdist the workers share that one launch through a file.
+"""
 from __future__ import annotations
 
+import os
+import pickle
+
 import pytest
+from filelock import FileLock
 from right_answers import answers
 
 from kosmoss.exercises import exercises
@@ -12,9 +17,21 @@ from kosmoss.exercises.distributed import run_checks
 
 
 @pytest.fixture(scope="session")
-def distributed_catalogue():
+def distributed_catalogue(tmp_path_factory):
     """{exercise id: [(kind, name, cell source, what the ranks returned)]}, in the order
     of ``answers``."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _launched()
+    # The workers' folders share a parent: the first worker launches, the others read
+    # (pytest-xdist's documented way to run a session fixture once).
+    shared = tmp_path_factory.getbasetemp().parent / "distributed-catalogue.pickle"
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_bytes(pickle.dumps(_launched()))
+        return pickle.loads(shared.read_bytes())
+
+
+def _launched():
     items = [(exercise, kind, name, exercise.cell(body))
              for exercise in exercises() if exercise.distributed
              for kind, name, body in answers(exercise)]

@@ -52,19 +52,24 @@ def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number, o
 
     monkeypatch.setattr(mp, "start_processes", start_then_stopped)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # as kosmoss's commands
+    # Python's own Ctrl-C handler, which a pytest-xdist worker replaces by SIG_IGN.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
         with pytest.raises(KeyboardInterrupt):
             spawn_for_result(sleeping_rank, (120,), 3, str(tmp_path / "never.json"))
         alive = [process.pid for process in started if process.is_alive()]
-        after = (signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getsignal(signal.SIGTERM))
+        after = (signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getsignal(signal.SIGTERM),
+                 signal.getsignal(signal.SIGINT))
     finally:
         waiting.set()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         for process in started:
             process.kill()
     assert len(started) == 3 and not alive, f"ranks left running: {alive}"
-    assert after == (mask, _raise_keyboard_interrupt), "the stop signals were not given back"
+    assert after == (mask, _raise_keyboard_interrupt, signal.default_int_handler), \
+        "the stop signals were not given back"
 
 
 def test_a_spawn_that_fails_at_its_third_rank_ends_the_two_started(tmp_path, monkeypatch):
