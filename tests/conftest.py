@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SLOW_TEST_TIMEOUT_S, RandomSource
+from helpers import SLOW_TEST_TIMEOUT_S, WHOLE_MACHINE, RandomSource
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
-
-
-# Tests that list or end processes and network namespaces of any KOSMOSS_HOME (`kosmoss
-# ghosts --kill`, lessons 6, 10 and 12, the host sets) or build on what such tests saved (the
-# site on the executed lessons): they run alone, never beside another pytest-xdist worker.
-WHOLE_MACHINE = ("ghosts", "hosts", "lessons", "site")
 
 
 def pytest_collection_modifyitems(items):

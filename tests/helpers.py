@@ -47,6 +47,12 @@ STARTUP_TIMEOUT_S = 600
 SLOW_TEST_TIMEOUT_S = STARTUP_TIMEOUT_S + 300
 
 
+# Tests that list or end processes and network namespaces of any KOSMOSS_HOME (`kosmoss
+# ghosts --kill`, lessons 6, 10 and 12, the host sets) or build on what such tests saved (the
+# site on the executed lessons): they run alone, never beside another pytest-xdist worker.
+WHOLE_MACHINE = ("ghosts", "hosts", "lessons", "site")
+
+
 def run_script(args, home: Path, timeout: float = 300, env_extra=None):
     """Run a kosmoss entry point as a user would, in its own KOSMOSS_HOME."""
     env = {**os.environ, "KOSMOSS_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}

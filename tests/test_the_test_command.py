@@ -6,8 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import WHOLE_MACHINE
-from helpers import REPO
+from helpers import REPO, WHOLE_MACHINE
 
 # What looks beyond a test's own KOSMOSS_HOME: ending every ghost of the user, listing the
 # machine's namespaces, running the course's lessons (6, 10 and 12 do both).
