@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import getpass
 import os
+import signal
 import tempfile
+import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,19 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, ModuleNotFoundError, OSError):  # no passwd entry, as in some containers
         return f"uid_{os.getuid()}"
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_given_back(request):
+    """A test whose in-process Trainer met a KeyboardInterrupt leaves SIGINT ignored: Lightning
+    ignores it for its shutdown and never restores it (pytorch_lightning/trainer/call.py). The
+    processes later tests start would inherit that and ignore their Ctrl-C: it is given back."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if threading.current_thread() is threading.main_thread() and before is not signal.SIG_IGN \
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(f"{request.node.nodeid} left SIGINT ignored (given back)")
 
 
 @pytest.fixture(scope="session", autouse=True)
