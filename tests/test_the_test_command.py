@@ -1,6 +1,6 @@
-"""The README's test command runs most tests in two pytest-xdist workers and the
-``whole_machine`` ones alone afterwards (tests/conftest.py): a test that ends every home's
-ghosts or counts the machine's namespaces must not run beside another worker's runs."""
+"""Most tests may run in two pytest-xdist workers (docs/maintaining.md), the ``whole_machine``
+ones alone afterwards (tests/conftest.py): a test that ends every home's ghosts or counts
+the machine's namespaces must not run beside another worker's runs."""
 import os
 import re
 import subprocess
@@ -12,14 +12,6 @@ from helpers import REPO, WHOLE_MACHINE
 # machine's namespaces, running the course's lessons (6, 10 and 12 do both).
 MACHINE_WIDE = re.compile(r'"ghosts",[^\]\n]*"--kill"|existing_namespaces\(|kosmoss_namespaces\('
                           r'|execute_lessons\(|LESSON_GLOB')
-
-
-def test_the_readme_runs_the_whole_machine_tests_alone_after_the_others():
-    readme = (REPO / "README.md").read_text()
-    command = readme.split("<!-- test-command -->")[1].split("```")[1]
-    parallel, alone = command.split("&& python -m pytest")[-2:]
-    assert '-n 2 --dist loadfile -m "not whole_machine"' in parallel
-    assert alone.strip() == "-m whole_machine"
 
 
 def test_what_looks_at_the_whole_machine_is_in_a_whole_machine_folder():
