@@ -9,7 +9,7 @@ import os
 import pickle
 
 import pytest
-from filelock import FileLock
+from filelock import FileLock  # a requirement of torch's own
 from right_answers import answers
 
 from kosmoss.exercises import exercises

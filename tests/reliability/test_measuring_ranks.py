@@ -52,7 +52,7 @@ def test_a_stop_while_the_ranks_start_ends_them(tmp_path, monkeypatch, number, o
 
     monkeypatch.setattr(mp, "start_processes", start_then_stopped)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # as kosmoss's commands
-    # Python's own Ctrl-C handler, which a pytest-xdist worker replaces by SIG_IGN.
+    # Python's own Ctrl-C handler: an earlier test's Trainer may have left SIGINT ignored.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
