@@ -15,6 +15,7 @@ import csv
 import io
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from . import lightning_private as private
 from .lean import LeanCallback
 
 WAIT_FOR_THE_DEAD_S = 2.0  # a dead process's sockets close a moment before it is seen dead
+EXIT_STATUS_WAIT_S = 1.0  # a child the records show gone has its status ready within this
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -204,23 +206,33 @@ class DeadRankNamed(LeanCallback):
             peer = None if worker or dead or not peers else ended_peer(self.run_dir)
             if peer is not None and peer.get("state") == records.RUNNING:
                 # A child that died between the two looks: its exit status names the signal.
-                dead = dead_child(trainer)
+                dead = dead_child(trainer, gone_pid=int(peer["pid"]))
             if worker or dead or peer is not None or time.monotonic() > deadline:
                 return worker, dead, peer
             time.sleep(0.1)
 
 
-def dead_child(trainer: pl.Trainer) -> Optional[str]:
-    """A local rank Lightning started from this process that has ended badly."""
+def dead_child(trainer: pl.Trainer, gone_pid: Optional[int] = None) -> Optional[str]:
+    """A local rank Lightning started from this process that has ended badly. ``gone_pid``
+    is one the records already show gone: its exit status is waited for."""
     children = private.spawned_ranks(trainer)
     for local_rank, child in enumerate(children, 1):
-        code = child.poll()
+        code = _exit_code(child, wait_s=EXIT_STATUS_WAIT_S if child.pid == gone_pid else 0.0)
         if code not in (None, 0):
             rank = trainer.node_rank * trainer.num_devices + local_rank
             how = (f"was killed by {signal.Signals(-code).name}" if code < 0
                    else f"exited with code {code}")
             return f"rank {rank} (pid {child.pid}) {how}"
     return None
+
+
+def _exit_code(child: subprocess.Popen, wait_s: float) -> Optional[int]:
+    """``Popen.poll`` answers None while another thread holds the child's waitpid lock, and
+    Lightning's child-process observer polls the same Popen every 5 s: ``wait`` retries."""
+    try:
+        return child.wait(timeout=wait_s) if wait_s else child.poll()
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def my_workers(run_dir: Path) -> List[records.ProcessId]:

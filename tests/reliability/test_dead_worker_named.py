@@ -85,3 +85,39 @@ def test_a_local_rank_that_dies_between_the_two_looks_is_named_by_its_signal(tmp
         child.wait()
     assert str(failed.value).startswith(f"rank 1 (pid {child.pid}) was killed by SIGKILL; "
                                         "this rank stopped at step 26")
+
+
+def test_a_local_rank_polled_by_lightnings_observer_at_that_moment_is_named_by_its_signal(
+        tmp_path, monkeypatch):
+    """Lightning's child-process observer polls the same Popen from its thread: while it holds
+    the Popen's waitpid lock, ``poll()`` answers None for a dead child (a race seen when two
+    test workers shared 2 cores). The exit status is waited for instead of read as "died"."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    record = {"state": records.RUNNING, "pid": child.pid, "spawned": True, "node_rank": 0,
+              "local_rank": 1}
+    observer_polls = threading.Event()
+
+    def hold_the_lock_a_moment():
+        with child._waitpid_lock:  # what an observer's poll holds, stretched
+            observer_polls.set()
+            time.sleep(0.3)
+
+    def dies_while_observed(run_dir):
+        child.kill()
+        while records.ProcessId.of(child.pid).is_alive():  # a zombie now, not reaped
+            time.sleep(0.01)
+        threading.Thread(target=hold_the_lock_a_moment).start()
+        observer_polls.wait()
+        return record
+
+    monkeypatch.setattr(faults, "my_workers", lambda run_dir: [])
+    monkeypatch.setattr(faults, "ended_peer", dies_while_observed)
+    monkeypatch.setattr(faults.private, "spawned_ranks", lambda trainer: [child])
+    trainer = SimpleNamespace(world_size=2, global_step=26, node_rank=0, num_devices=2)
+    try:
+        with pytest.raises(RunFailed) as failed:
+            faults.DeadRankNamed(tmp_path).on_exception(trainer, None, RuntimeError("gloo"))
+    finally:
+        child.kill()
+        child.wait()
+    assert str(failed.value).startswith(f"rank 1 (pid {child.pid}) was killed by SIGKILL; ")
