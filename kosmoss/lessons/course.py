@@ -229,22 +229,38 @@ def one_thread_per_forked_rank() -> Iterator[None]:
     ``OMP_NUM_THREADS=1`` for the launcher and one thread in the kernel while it forks;
     the kernel's own setting comes back afterwards. Ranks whose backward fails because the
     kernel ran one first with a GPU visible fail with one line that says so (:mod:`.forks`)."""
+    import multiprocessing
+
     import torch
 
     from .forks import explaining_autograd_forks
 
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    kernels_own = set(multiprocessing.active_children())
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)  # what the forked ranks inherit
     try:
         with explaining_autograd_forks("the notebook launcher (ddp_notebook)"):
             yield
+    except BaseException:
+        # Interrupted (Lightning turns the kernel's KeyboardInterrupt into SystemExit): the
+        # ranks got the interrupt too but nothing reaps them; they stayed zombies.
+        _end(set(multiprocessing.active_children()) - kernels_own)
+        raise
     finally:
         torch.set_num_threads(threads)
         if env is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env
+
+
+def _end(processes) -> None:
+    """Kill ``multiprocessing`` children still running and reap them all."""
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=5)
 
 
 def _forked_rank(rank: int, kernel: int, function: Callable, world_size: int, port: int,

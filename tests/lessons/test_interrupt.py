@@ -17,7 +17,7 @@ from jupyter_client import KernelManager
 SETUP = """
 import os, signal, sys, time
 from pathlib import Path
-from kosmoss.lessons import forked, on_ranks, sh
+from kosmoss.lessons import forked, on_ranks, one_thread_per_forked_rank, sh
 
 def wait_as_a_rank(rank, world_size, port):
     time.sleep(600)
@@ -133,6 +133,20 @@ def test_an_interrupted_cell_leaves_no_process_in_the_kernel(kernel, cell, proce
     while kernel.descendants() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert kernel.descendants() == []  # none running, and none a zombie: all were reaped
+    assert _interrupt_obeyed(kernel, tmp_path) < 10
+
+
+def test_an_interrupted_notebook_launcher_fit_leaves_no_rank_in_the_kernel(kernel, tmp_path):
+    """Lightning's ``ddp_notebook`` ranks are forked from the kernel and get the interrupt
+    too; Lightning's launcher does not reap them (they stayed zombies): the lessons' guard
+    around that fit does."""
+    started = tmp_path / "fit-started"
+    cell = A_FIT.format(started=str(started)).replace(
+        'devices=1,', 'devices=2, strategy="ddp_notebook",').replace(
+        "pl.Trainer(", "with one_thread_per_forked_rank():\n    pl.Trainer(")
+    output = kernel.run(cell, interrupt_when=started.exists)
+    assert "ERROR SystemExit" in output, output[-2000:]
+    assert kernel.descendants() == []
     assert _interrupt_obeyed(kernel, tmp_path) < 10
 
 
