@@ -228,7 +228,8 @@ def one_thread_per_forked_rank() -> Iterator[None]:
     so CI never hangs, but 2 or more, and a hang, on any machine with 4 cores or more. So
     ``OMP_NUM_THREADS=1`` for the launcher and one thread in the kernel while it forks;
     the kernel's own setting comes back afterwards. Ranks whose backward fails because the
-    kernel ran one first with a GPU visible fail with one line that says so (:mod:`.forks`)."""
+    kernel ran one first with a GPU visible fail with one line that says so (:mod:`.forks`).
+    A fit interrupted from Jupyter leaves no rank behind, running or zombie."""
     import multiprocessing
 
     import torch
