@@ -23,9 +23,11 @@ import importlib.metadata
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ COMPANIONS = ("docs/devices.md", "docs/horovod.md", "docs/scaling.md", "docs/deb
               "scripts/install_horovod.sh") + GPU_RECORDS
 QUICK_ENV = "KOSMOSS_LESSON_QUICK"
 NOTEBOOK_COLUMNS = 120  # what a JupyterLab output area shows without wrapping
+SH_STOP_GRACE_S = 20.0  # an interrupted command's own stop (a run's last checkpoint) gets this
 # Warnings a learner cannot act on; every other warning still shows, on one line.
 NOISE = (
     ".*does not have many workers.*",  # the batched loader needs no worker processes
@@ -280,7 +283,8 @@ def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
        check: bool = True) -> subprocess.CompletedProcess:
     """Run a command as a learner would type it: print it, stream its output (stderr in
     order with stdout, tables as wide as a notebook), and raise (with the exit code) if it
-    fails, so a lesson never goes on past a broken step."""
+    fails, so a lesson never goes on past a broken step. Interrupted from Jupyter, the
+    command stops as Ctrl-C stops it in a terminal, and the lines it says then are shown."""
     shown = ["python" if a == sys.executable else str(a) for a in args]
     print("$ " + " ".join(shown), flush=True)
     env = dict(os.environ if env is None else env)
@@ -289,13 +293,12 @@ def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            print(line, end="", flush=True)
-        proc.wait()
-    except BaseException:  # the learner interrupted the cell: do not leave the run behind
-        proc.terminate()
-        proc.wait()
+        _print_lines(proc, lines)
+    except KeyboardInterrupt:  # the learner interrupted the cell
+        _let_it_stop(proc, lines)
+        raise
+    except BaseException:
+        _end_command(proc)
         raise
     if check and proc.returncode != 0:
         # Its last line too: a report that keeps only the error (scripts/gpu_check.sh) says why.
@@ -303,6 +306,37 @@ def sh(args: Sequence, *, env: Optional[Dict[str, str]] = None,
         raise RuntimeError(f"`{' '.join(shown)}` exited with code {proc.returncode}"
                            + (f": {last}" if last else ""))
     return subprocess.CompletedProcess(shown, proc.returncode, "".join(lines), "")
+
+
+def _print_lines(proc: subprocess.Popen, lines: List[str]) -> None:
+    for line in proc.stdout:
+        lines.append(line)
+        print(line, end="", flush=True)
+    proc.wait()
+
+
+def _let_it_stop(proc: subprocess.Popen, lines: List[str]) -> None:
+    """An interrupted cell's command: Jupyter signalled the kernel's process group, so the
+    command got SIGINT too (sent again here in case only the kernel did). Its last lines are
+    shown as it stops (a run says how to resume); it is ended after SH_STOP_GRACE_S, or at
+    a second interrupt, so that nothing is left behind."""
+    try:
+        proc.send_signal(signal.SIGINT)  # a kosmoss command ignores a second one (UNWIND_S)
+        rest = threading.Thread(target=_print_lines, args=(proc, lines), daemon=True)
+        rest.start()
+        rest.join(SH_STOP_GRACE_S)
+    finally:
+        _end_command(proc)
+
+
+def _end_command(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
 
 
 # ---------------------------------------------------------------- copying

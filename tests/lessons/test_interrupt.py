@@ -14,7 +14,7 @@ import psutil
 import pytest
 from jupyter_client import KernelManager
 
-SETUP = """
+SETUP = r"""
 import os, signal, sys, time
 from pathlib import Path
 from kosmoss.lessons import forked, on_ranks, one_thread_per_forked_rank, sh
@@ -24,6 +24,12 @@ def wait_as_a_rank(rank, world_size, port):
 
 def wait_forked():
     time.sleep(600)
+
+# A command that, as kosmoss's runs do, saves what it has on Ctrl-C, then says how it stopped.
+SAYS_HOW = ("import sys, time\ntry:\n    time.sleep(600)\nexcept KeyboardInterrupt:\n"
+            "    time.sleep(1)\n"
+            "    print('stopped by SIGINT; --resume RUN goes on', flush=True)\n    sys.exit(130)")
+DEAF = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)"
 """
 A_FIT = """
 import pytorch_lightning as pl, torch
@@ -134,6 +140,25 @@ def test_an_interrupted_cell_leaves_no_process_in_the_kernel(kernel, cell, proce
         time.sleep(0.1)
     assert kernel.descendants() == []  # none running, and none a zombie: all were reaped
     assert _interrupt_obeyed(kernel, tmp_path) < 10
+
+
+def test_an_interrupted_command_says_how_it_stopped(kernel, tmp_path):
+    """``sh`` shows what the command says as it stops (a run: how to resume it), as a
+    terminal does after Ctrl-C."""
+    output = kernel.run("sh([sys.executable, '-c', SAYS_HOW])", interrupt_when=kernel.running(1))
+    assert "stopped by SIGINT; --resume RUN goes on" in output.splitlines(), output[-2000:]
+    assert output.endswith("ERROR KeyboardInterrupt") and kernel.descendants() == []
+
+
+def test_an_interrupted_command_that_ignores_it_is_ended_after_the_grace(kernel, tmp_path):
+    kernel.run("import kosmoss.lessons.course as course; course.SH_STOP_GRACE_S = 2")
+    try:
+        started = time.monotonic()
+        output = kernel.run("sh([sys.executable, '-c', DEAF])", interrupt_when=kernel.running(1))
+        assert output.endswith("ERROR KeyboardInterrupt") and kernel.descendants() == []
+        assert 2 <= time.monotonic() - started < 2 + 10
+    finally:
+        kernel.run("course.SH_STOP_GRACE_S = 20.0")
 
 
 def test_an_interrupted_notebook_launcher_fit_leaves_no_rank_in_the_kernel(kernel, tmp_path):
