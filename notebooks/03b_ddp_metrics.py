@@ -357,10 +357,11 @@ assert np.isclose(one, two, rtol=1e-5)
 # Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional float32
 # tensor of the per-sample losses of that rank's share of the validation split — and the
 # shares need not be equal; one may even be empty. Return the mean over *every* sample of
-# *every* rank (a float or a zero-dimensional tensor), the same on all ranks: the loss one
-# process would compute on the whole split. Use `torch.distributed.all_reduce`. The
-# checker runs your cell at 2, 3 and 4 gloo processes holding `5 + 3`, `5 + 3 + 1` and
-# `6 + 0 + 3 + 1` samples, and compares with the single-process mean to float32 rounding.
+# *every* rank (a float or a zero-dimensional tensor), the same on all ranks, leaving
+# `losses` as it was: the loss one process would compute on the whole split. Use
+# `torch.distributed.all_reduce`. The checker runs your cell at 2, 3 and 4 gloo processes
+# holding `5 + 3`, `5 + 3 + 1` and `6 + 0 + 3 + 1` samples, and compares with the
+# single-process mean to float32 rounding.
 
 # %%
 # exercise: metrics.exact_val_loss

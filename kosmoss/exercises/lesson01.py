@@ -271,6 +271,10 @@ FEATURES = (
     ("surface pressure with a few float32 steps of rounding noise",
      "the bound is the statement's 1e-6 times the mean absolute value, not float32's "
      "epsilon (1.2e-7): a few steps of rounding noise are still constant"),
+    ("a pressure around 1024 hPa varying by 4e-6 of its size", "the bound is the "
+     "statement's 1e-6 times the mean absolute value, and this feature's std is above it: a "
+     "larger bound (1e-5, ...) makes it constant. A std taken as E[x²] − mean² in float32 "
+     "loses it too (the two terms agree to 7 digits): subtract the mean first"),
 )
 CONSTANT_TEST = 1e-6  # the statement's: std <= 1e-6 * mean(|x|)
 
@@ -292,8 +296,26 @@ def feature_batch():
                1e-5 * (1 + 0.3 * torch.rand(n, generator=g)),
                torch.randn(n, generator=g),
                torch.where(torch.arange(n) % 3 == 0, offset, torch.nextafter(offset, pressure)),
-               pressure + float32_steps(101325.0) * (torch.arange(n) % 13)]
+               pressure + float32_steps(101325.0) * (torch.arange(n) % 13),
+               # 1024 and 1024 + 2^-7: every sum of these samples, in any order, is exact in
+               # float32, so a right answer is exact here whatever its summation
+               1024.0 + 2.0 ** -7 * (torch.arange(n) % 2)]
     return torch.stack(columns, dim=1)
+
+
+def sums_are_exact(x64):
+    """Per column: every partial sum of its samples is a float32 number (all samples are
+    multiples of one power of two q, and their absolute sum stays below 2^24 q)."""
+    import torch
+
+    exact = []
+    for column in x64.T:
+        q = 2.0 ** -30  # the smallest step tried; a column of finer values is not exact
+        while q < 2.0 ** 30 and bool(torch.all(torch.remainder(column, 2 * q) == 0)):
+            q *= 2
+        fine = bool(torch.all(torch.remainder(column, q) == 0))
+        exact.append(fine and float(column.abs().sum()) < 2.0 ** 24 * q)
+    return torch.tensor(exact)
 
 
 def float32_steps(value: float) -> float:
@@ -322,10 +344,15 @@ def normalise_tolerance(x64, z):
     relative error again, times |z|; the squares, their sum, the division and the square
     root add γ_{N+3}·|z|. Twice the sum covers the second-order terms and summation
     orders (pairwise, Welford) whose constants differ. Constant columns are exact: 0.
+    Where every sum of the samples is exact (:func:`sums_are_exact`), the mean's error is
+    its one division's.
     """
+    import torch
+
     n = x64.shape[0]
     scale = x64.abs().mean(dim=0) / x64.std(dim=0, correction=0).clamp_min(1e-300)
-    first_order = gamma(n) * scale * (1 + z.abs()) + gamma(n + 3) * z.abs()
+    mean_error = torch.where(sums_are_exact(x64), torch.tensor(gamma(1)), torch.tensor(gamma(n)))
+    first_order = mean_error * scale * (1 + z.abs()) + gamma(n + 3) * z.abs()
     return 2 * first_order + 2 * FLOAT32_UNIT * z.abs()
 
 

@@ -139,10 +139,12 @@ def predict_wm2(checkpoint_path, x):
 }
 
 PREDICT_BATCHES = (5, 1)  # columns per call: a batch of one is an edge
+# (which checkpoint, rows) per call: a second checkpoint catches a model kept across calls
+PREDICT_CALLS = tuple((seed, rows) for seed in range(2) for rows in PREDICT_BATCHES)
 
 
 @contextlib.contextmanager
-def _checkpoint() -> Iterator[tuple]:
+def _checkpoint(seed: int = 0) -> Iterator[tuple]:
     """A small LitMLP with statistics far from 0 and 1, saved as Lightning saves one."""
     import tempfile
     from pathlib import Path
@@ -154,10 +156,10 @@ def _checkpoint() -> Iterator[tuple]:
     from ..data.stats import Statistics
     from ..model import LitMLP
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     stats = Statistics(rng.normal(size=9), rng.uniform(0.5, 2, 9), rng.normal(200, 80, 4),
                        rng.uniform(20, 60, 4))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LitMLP(9, hidden_channels=(6,), out_channels=4, stats=stats).eval()
     with tempfile.TemporaryDirectory(prefix="kosmoss-check-") as folder:
         path = Path(folder) / "model.ckpt"
@@ -190,19 +192,41 @@ def predict_judge(namespace: dict) -> tuple:
                       "(torch.set_grad_enabled(False) in your cell?), and every later backward "
                       "in the notebook would fail: the checker switched it back on — predict "
                       "inside `with torch.no_grad():`, which switches it back on by itself")
-    with _checkpoint() as (path, model):
-        for rows in PREDICT_BATCHES:
+    answered = {}  # the first checkpoint's model, by the batches it was asked
+    for seed, rows in PREDICT_CALLS:
+        other = " of a second checkpoint" if seed else ""
+        with _checkpoint(seed) as (path, model):
             x = torch.randn(rows, 9, generator=torch.Generator().manual_seed(rows))
             tracked: list = []
             given = x.clone()
             with _graphs_built(tracked), _grad_mode_kept() as grad_mode:
                 got = mine(path, given)
-            message = (_prediction_mistake(got, model, x) or _built_graph(got, tracked)
+            message = (_stale_model(got, answered.get(rows), model, x)
+                       or _prediction_mistake(got, model, x) or _built_graph(got, tracked)
                        or _changed_input(given, x) or _grad_left_off(grad_mode))
             if message:
-                return failed(f"for {rows} column(s): {message}")
+                return failed(f"for {rows} column(s){other}: {message}")
+            answered.setdefault(rows, model)
     return passed(f"your fluxes equal the model's in W m-2, for batches of "
-                  f"{' and '.join(map(str, PREDICT_BATCHES))} column(s)")
+                  f"{' and '.join(map(str, PREDICT_BATCHES))} column(s), from "
+                  f"{len({seed for seed, _ in PREDICT_CALLS})} checkpoints")
+
+
+def _stale_model(got, first, model, x):
+    """A model loaded once and kept across calls answers for the first checkpoint."""
+    import torch
+
+    if first is None or not isinstance(got, torch.Tensor):
+        return None
+    with torch.no_grad():
+        stale, expected = first(x), model(x)
+    if got.shape != stale.shape or torch.allclose(stale, expected):
+        return None
+    if torch.allclose(got.detach().to(stale.dtype), stale, atol=predict_tolerance(first, x)):
+        return ("these are the first checkpoint's fluxes: load the checkpoint predict_wm2 is "
+                "given at every call — a model kept from an earlier call (a cache, a global) "
+                "answers for another checkpoint")
+    return None
 
 
 @contextlib.contextmanager
@@ -255,8 +279,8 @@ def _prediction_mistake(got, model, x):
     gap = float((got.detach().double() - expected.double()).abs().max())
     if gap > tolerance:
         return (f"your fluxes differ from the model's by up to {gap:.3g} W m-2 (tolerance "
-                f"{tolerance:.1g})" + _prediction_hint(got.detach(), expected, normalised,
-                                                       twice))
+                f"{tolerance:.1g})" + _prediction_hint(got.detach().to(expected.dtype),
+                                                       expected, normalised, twice))
     if got.requires_grad:
         return ("your fluxes are right but track gradients (requires_grad): compute them "
                 "under torch.no_grad() — a prediction needs no graph, and keeps none in memory")

@@ -5,6 +5,8 @@ gloo processes; split a global batch over the ranks as ``kosmoss.scaling.arithme
 """
 from __future__ import annotations
 
+import re
+
 from typing import List
 
 from .core import Exercise, LearnerRaised, Mistake, failed, is_integer, learner, passed
@@ -155,11 +157,14 @@ def average_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     mine = copy.deepcopy(model)
     mse_loss(mine(x), y).backward()
     local = _gradients(mine)
+    holders = [p.grad for p in mine.parameters()]  # what DDP's buckets, or a hook, hold
     learner(namespace, "average_gradients")(mine)
     return {"names": [name for name, _ in model.named_parameters()], "mine": _gradients(mine),
             "ddp": expected, "local": local,
             "moved": any(bool((a != b).any()) for a, b in zip(_parameters(mine),
-                                                               _parameters(model)))}
+                                                               _parameters(model))),
+            "replaced": [name for (name, p), held in zip(mine.named_parameters(), holders)
+                         if p.grad is not held]}
 
 
 def average_tolerance(locals_: List, index: int):
@@ -192,6 +197,12 @@ def average_judge(ranks: List[dict]) -> tuple:
                 return failed(f"your averaged gradient differs from DDP's by "
                               f"{float(gap.max()):.1e} on {_layer(name)}, rank {rank}"
                               + _why(mine.double(), exact, result, index, n, ranks))
+    replaced = next((r["replaced"] for r in ranks if r.get("replaced")), None)
+    if replaced:
+        return failed(f"the right averages, but {_layer(replaced[0])}'s .grad is a new tensor, "
+                      "not the one backward filled: average it in place (all_reduce on p.grad, "
+                      "then p.grad /= world size, or p.grad.copy_(...)) — whatever holds the "
+                      "gradient tensor (DDP's buckets, a hook) would keep the unaveraged one")
     return passed(f"your averaged gradients equal DDP's on every layer of all {n} ranks, to "
                   "float32 rounding")
 
@@ -332,7 +343,13 @@ def batch_judge(namespace: dict) -> tuple:
             if message:
                 return failed(message)
             continue
-        got = mine(global_batch, nodes, per_node)
+        try:
+            got = mine(global_batch, nodes, per_node)
+        except LearnerRaised as raised:
+            if not isinstance(raised.original, ValueError):
+                raise
+            return failed(f"for {setup} yours refused ({raised.original}), but it splits "
+                          f"evenly: {expected} columns per device")
         if not is_integer(got):
             return failed(f"for {setup} yours returned {got!r}: a batch size is an integer "
                           "(a DataLoader refuses a float); use // once you know it divides")
@@ -351,8 +368,12 @@ def _refused(mine, setup: str, refusal, args):
         got = mine(*args)
     except LearnerRaised as raised:
         err = raised.original
-        if isinstance(err, ValueError) and str(err).strip():
+        if isinstance(err, ValueError) and _says_why(str(err), args):
             return None
+        if isinstance(err, ValueError) and str(err).strip():
+            return (f"for {setup} yours refused with {str(err).strip()!r}, which does not say "
+                    "why: name the numbers (the batch and the world size) or what is wrong "
+                    "(not a multiple of the ranks, fewer columns than ranks)")
         if isinstance(err, ValueError):
             return (f"for {setup} yours raised a ValueError with no message: a refusal says "
                     "why (and what to use instead)")
@@ -364,6 +385,19 @@ def _refused(mine, setup: str, refusal, args):
     return (f"for {setup} yours returned {got!r}{hint}; kosmoss refuses it ({refusal}) — "
             "training on another batch than the one asked for, without a word, was the "
             "original course's bug")
+
+
+# Words of a reason why a batch does not split; a message with none of them, and neither
+# the batch nor the world size, does not say why ("oops", "must be a power of two").
+REASONS = ("divid", "multiple", "split", "even", "world", "rank", "device", "process", "node",
+           "fewer", "less", "small", "positive", "zero", "negative", "at least", "remainder")
+
+
+def _says_why(message: str, args) -> bool:
+    global_batch, nodes, per_node = args
+    numbers = set(re.findall(r"-?\d+", message))
+    named = {str(global_batch), str(nodes * per_node)} & numbers
+    return bool(named) or any(word in message.lower() for word in REASONS)
 
 
 EXERCISES = [

@@ -24,10 +24,11 @@ EXACT_STATEMENT = """\
 Write `exact_val_loss(losses)`. On every rank, `losses` is a one-dimensional float32
 tensor of the per-sample losses of that rank's share of the validation split — and the
 shares need not be equal; one may even be empty. Return the mean over *every* sample of
-*every* rank (a float or a zero-dimensional tensor), the same on all ranks: the loss one
-process would compute on the whole split. Use `torch.distributed.all_reduce`. The
-checker runs your cell at 2, 3 and 4 gloo processes holding `5 + 3`, `5 + 3 + 1` and
-`6 + 0 + 3 + 1` samples, and compares with the single-process mean to float32 rounding.
+*every* rank (a float or a zero-dimensional tensor), the same on all ranks, leaving
+`losses` as it was: the loss one process would compute on the whole split. Use
+`torch.distributed.all_reduce`. The checker runs your cell at 2, 3 and 4 gloo processes
+holding `5 + 3`, `5 + 3 + 1` and `6 + 0 + 3 + 1` samples, and compares with the
+single-process mean to float32 rounding.
 """
 
 EXACT_SKELETON = """
@@ -112,13 +113,18 @@ def _losses(rank: int, world_size: int):
 
 
 def exact_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
+    import torch
+
     every, mine = _losses(rank, world_size)
-    got = learner(namespace, "exact_val_loss")(mine)
+    given = mine.clone()  # compared afterwards: the caller's losses must be left as they were
+    got = learner(namespace, "exact_val_loss")(given)
     value = float(got.item() if hasattr(got, "item") else got)
     local = mine.double()
     return {"got": value, "expected": float(every.double().mean()),
             "local_mean": float(local.mean()) if len(local) else float("nan"),
-            "local_sum": float(local.sum()), "samples": mine.numel()}
+            "local_sum": float(local.sum()), "samples": mine.numel(),
+            "shape": list(got.shape) if isinstance(got, torch.Tensor) else [],
+            "changed_input": not torch.equal(given, mine)}
 
 
 def exact_tolerance(ranks: List[dict]) -> float:
@@ -141,6 +147,15 @@ def exact_judge(ranks: List[dict]) -> tuple:
         return failed(f"your loss {values[0]:.6g} differs from the single-process loss "
                       f"{expected:.6g} by {gap:.1e} (relative; float32 rounding allows "
                       f"{tolerance:.0e})" + _why(values[0], ranks))
+    shaped = next((r["shape"] for r in ranks if r.get("shape")), None)
+    if shaped:
+        return failed(f"the right loss, but as a tensor of shape {tuple(shaped)}: return a float "
+                      "or a zero-dimensional tensor (totals[0] / totals[1], not totals[:1] / "
+                      "totals[1:]) — a logger or a comparison with a scalar expects one number")
+    if any(r.get("changed_input") for r in ranks):
+        return failed("the right loss, but your exact_val_loss changed its input losses in "
+                      "place (losses /= n, or an all_reduce on losses itself): the caller "
+                      "still holds these per-sample losses — reduce a new tensor")
     return passed(f"{values[0]:.6g} on every rank ({shares} samples) equals the single-process "
                   f"loss to {gap:.0e}")
 

@@ -1221,6 +1221,75 @@ def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     moved = 2 * (hosts - 1) / hosts * gradient_bytes
     return compute_s + 2 * latency_s + moved * 8 / rate_bits
 '''),
+    # A second attack, 2026-11-29: answers the checkers took for right until then.
+    ("01.normalise", "a bound ten times the statement's", '''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = std <= 1e-5 * x.abs().mean(dim=0)
+    scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+''', "treated as constant", "1e-6"),
+    ("01.normalise", "the variance in one pass, E[x²] − mean², in float32", '''
+import torch
+
+
+def normalise(x):
+    mean = x.mean(0)
+    std = ((x * x).mean(0) - mean * mean).clamp_min(0).sqrt()
+    constant = std <= 1e-6 * x.abs().mean(dim=0)
+    scaled = (x - mean) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+''', "subtract the mean first"),
+    ("02.predict_wm2", "the model loaded once and kept", '''
+import torch
+from kosmoss.model import LitMLP
+
+_model = None
+
+
+def predict_wm2(checkpoint_path, x):
+    global _model
+    if _model is None:
+        _model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    with torch.no_grad():
+        return _model(x)
+''', "first checkpoint"),
+    ("02.predict_wm2", "fluxes in half precision", '''
+import torch
+from kosmoss.model import LitMLP
+
+
+def predict_wm2(checkpoint_path, x):
+    model = LitMLP.load_from_checkpoint(checkpoint_path, map_location="cpu").eval()
+    with torch.no_grad():
+        return model(x).half()
+''', "16-bit"),
+    ("03.per_device_batch", "a refusal that names no reason", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size < world or global_batch_size % world:
+        raise ValueError("oops")
+    return global_batch_size // world
+''', "does not say why"),
+    ("03.per_device_batch", "a refusal that gives a false reason", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size < world or global_batch_size % world:
+        raise ValueError("the batch size must be a power of two")
+    return global_batch_size // world
+''', "does not say why"),
+    ("03.per_device_batch", "refuses a batch that splits (only powers of two)", '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size <= 0 or global_batch_size & (global_batch_size - 1):
+        raise ValueError(f"{global_batch_size} is not a power of two")
+    if global_batch_size % world:
+        raise ValueError(f"{global_batch_size} is not a multiple of {world}")
+    return global_batch_size // world
+''', "splits evenly"),
 ]
 
 FRESH_DISTRIBUTED = [
@@ -2008,6 +2077,40 @@ def zero1_step(params, state, lr):
                 p.sub_(lr * buf)
             dist.broadcast(p, src=i % world)
 '''),
+    # A second attack, 2026-11-29: answers the checkers took for right until then.
+    ("metrics.exact_val_loss", "the caller's losses divided in place", '''
+import torch
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    n = torch.tensor(float(losses.numel()))
+    dist.all_reduce(n)
+    losses /= n
+    total = losses.sum()
+    dist.all_reduce(total)
+    return total
+''', "in place"),
+    ("metrics.exact_val_loss", "a one-element tensor, not a number", '''
+import torch
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    t = torch.stack([losses.sum(), torch.tensor(float(losses.numel()))]).double()
+    dist.all_reduce(t)
+    return t[:1] / t[1:]
+''', "zero-dimensional"),
+    ("03.average_gradients", "a new .grad, not the one backward filled", '''
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for p in model.parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        p.grad = g / dist.get_world_size()
+''', "in place"),
 ]
 
 
