@@ -105,19 +105,24 @@ def device_judge(namespace: dict) -> tuple:
             return failed(f"machine {machine!r} with index {index}, run asks "
                           f"{'yes' if asks else 'no'}, {visible} GPU(s) visible: yours "
                           f"{got!r}, decide gives {expected!r}"
-                          + _device_hint(machine, asks, visible, got, expected))
+                          + _device_hint(machine, index, asks, visible, got, expected))
     return passed(f"all {len(rows)} rows of the decision table match decide")
 
 
-def _device_hint(machine: str, asks: bool, visible: int, got: str, expected: str) -> str:
+def _device_hint(machine: str, index, asks: bool, visible: int, got: str,
+                 expected: str) -> str:
     if expected == "cpu" and got.startswith("cuda"):
         if visible == 0:
             return ": no GPU is visible — a GPU that is wanted but absent means CPU"
         if machine == "none":
             return ": the machine's 'none' keeps every run on CPU, whatever the run asks"
         return ": 'offer' gives a GPU only when the run asks for one"
-    if got == "cpu":
+    if got == "cpu" and machine == "force" and not asks:
         return ": 'force' takes a GPU even when the run does not ask (the machine decides)"
+    if got == "cpu" and index is not None and not 0 <= index < visible:
+        return f": GPU {index} does not exist, and an index that does not exist means GPU 0"
+    if got == "cpu":
+        return f": {machine!r} with a run that asks, and a GPU visible, gives that GPU"
     index = got.split(":", 1)[-1]
     if not index.lstrip("-").isdigit() or not 0 <= int(index) < visible:
         return (f": GPU {index} does not exist with {visible} visible (ids 0 to {visible - 1}):"
@@ -230,10 +235,11 @@ def share_judge(namespace: dict) -> tuple:
                           f"{expected.backend!r} ({why})")
         if number(fraction) is None or not float64_close(number(fraction),
                                                          expected.memory_fraction, 2):
-            busiest = -(-ranks // gpus) if gpus else 0
+            why = (f"the busiest GPU holds {-(-ranks // gpus)} rank(s) — ranks over GPUs, "
+                   "rounded up" if gpus else "without a GPU the ranks share the host's "
+                   "memory, and a rank's share of no GPU is taken as the whole (1.0)")
             return failed(f"{setup}: your share is {show(fraction)}, kosmoss gives "
-                          f"{expected.memory_fraction:.3g}: the busiest GPU holds {busiest} "
-                          "rank(s) — ranks over GPUs, rounded up")
+                          f"{expected.memory_fraction:.3g}: {why}")
     return passed(f"matches kosmoss.devices.policy.sharing in {len(setups)} set-ups")
 
 
