@@ -506,9 +506,10 @@ from kosmoss.exercises import check; check("09.ring_all_reduce", globals())
 # that order and closes it as soon as its size reaches the cap (a gradient is never split,
 # so a bucket may go over the cap); the first bucket has cap `first_cap`, every later one
 # `cap`; the last bucket holds what is left. Return the buckets as lists of indices into
-# `grad_bytes`. The checker compares with the function DistributedDataParallel itself
-# calls on several cases — the sizes of kosmoss's MLP among them, a bucket that reaches
-# its cap exactly, a gradient larger than any cap — without calling it from your cell.
+# `grad_bytes` (left as it was). The checker compares with the function
+# DistributedDataParallel itself calls on several cases — the sizes of kosmoss's MLP
+# among them, a bucket that reaches its cap exactly, a gradient larger than any cap —
+# without calling it from your cell.
 
 # %%
 # exercise: 09.buckets

@@ -161,13 +161,31 @@ def _mb(value: float) -> str:
     return f"{value / 1e6:.3f} MB"
 
 
+def _model_left_changed(model, before: dict):
+    """What a measurement by a real training step leaves on the caller's model."""
+    import torch
+
+    moved = [name for name, value in model.state_dict().items()
+             if not torch.equal(value, before[name])]
+    if moved:
+        return (f"your training_memory changed the caller's model ({moved[0]} moved): "
+                "a real optimizer step on it trains it — measure on a copy "
+                "(copy.deepcopy(model)), or count")
+    if any(p.grad is not None for p in model.parameters()):
+        return ("your training_memory left gradients on the caller's model (.grad filled): "
+                "measure on a copy (copy.deepcopy(model)), or count")
+    return None
+
+
 def memory_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "training_memory")
     models = _judged_models()
     for model, made, batch in models:
         parts = measure(made(), batch)
         measured = sum(parts.values())
-        got = number(mine(made(), batch))
+        given = made()
+        before = {name: value.clone() for name, value in given.state_dict().items()}
+        got = number(mine(given, batch))
         if got is None:
             return failed("training_memory returned no number: return the bytes")
         if got != measured:
@@ -175,6 +193,9 @@ def memory_judge(namespace: dict) -> tuple:
             return failed(f"for the MLP {model} at batch {batch} yours is {got:.0f} bytes, the "
                           f"measurement {measured} ({breakdown})"
                           + _missing(got, measured, made(), batch))
+        left = _model_left_changed(given, before)
+        if left:
+            return failed(f"for the MLP {model}: the right bytes, but {left}")
     return passed(f"exactly the measured bytes for {len(models)} models "
                   f"({', '.join(model for model, _, _ in models)})")
 

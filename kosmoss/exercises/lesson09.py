@@ -170,7 +170,7 @@ def _watched() -> Iterator[Dict[str, List]]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    seen: Dict[str, List] = {"sent": [], "collectives": []}
+    seen: Dict[str, List] = {"sent": [], "to": [], "from": [], "collectives": []}
     saved, depth = [], [0]
 
     def wrap(name, original):
@@ -179,7 +179,10 @@ def _watched() -> Iterator[Dict[str, List]]:
                 if name in SENDS:
                     tensor = args[0] if args else kwargs.get("tensor")
                     seen["sent"].append(int(tensor.numel()))
-                elif name not in RECEIVES:
+                    seen["to"].append(_peer(args, kwargs, "dst"))
+                elif name in RECEIVES:
+                    seen["from"].append(_peer(args, kwargs, "src"))
+                else:
                     seen["collectives"].append(name)
             depth[0] += 1
             try:
@@ -203,6 +206,12 @@ def _watched() -> Iterator[Dict[str, List]]:
             setattr(module, name, original)
 
 
+def _peer(args, kwargs, key: str):
+    """The rank a send goes to (``dst``) or a receive comes from (``src``; None: any)."""
+    peer = args[1] if len(args) > 1 else kwargs.get(key, kwargs.get(f"group_{key}"))
+    return None if peer is None else int(peer)
+
+
 def _inputs(rank: int, shape) -> "tuple":
     import torch
 
@@ -219,6 +228,7 @@ def ring_rank_task(namespace: dict, rank: int, world_size: int) -> list:
         with _watched() as seen:
             ring(mine)
         results.append({"shape": shape, "given": given, "got": mine, "sent": seen["sent"],
+                        "to": seen["to"], "from": seen["from"],
                         "collectives": seen["collectives"]})
     return results
 
@@ -241,6 +251,9 @@ def ring_judge(ranks: List[list]) -> tuple:
                        or _wrong_traffic(rank, case, n))
             if message:
                 return failed(message)
+        message = _not_a_ring([cases[index] for cases in ranks])
+        if message:
+            return failed(message)
     return passed(f"equal to the sum on {len(RING_SHAPES)} shapes on all {n} ranks, with "
                   f"2(n-1) = {2 * (n - 1)} messages of one chunk each, 2(n-1)/n = "
                   f"{2 * (n - 1) / n:.3g} of the buffer sent per rank")
@@ -341,6 +354,36 @@ def _wrong_traffic(rank: int, case: dict, n: int):
     return None
 
 
+def _not_a_ring(cases: List[dict]):
+    """Every rank sends to one neighbour and receives from the rank that sends to it, and
+    these links close one cycle through all n ranks: a ring (turned either way), not
+    messages sent straight to where each chunk ends."""
+    n = len(cases)
+    right = {}
+    for rank, case in enumerate(cases):
+        peers = sorted(set(case["to"]), key=str)
+        if len(peers) != 1:
+            return (f"rank {rank} sent to ranks {peers}: in a ring every rank sends only to its "
+                    f"neighbour, (r + 1) % n = {(rank + 1) % n} — each chunk travels round the "
+                    "ring, one link a step, and every link carries the same traffic")
+        right[rank] = peers[0]
+    rank, visited = 0, set()
+    while rank not in visited:
+        visited.add(rank)
+        rank = right[rank]
+    if len(visited) != n or rank != 0:
+        links = ", ".join(f"{r} → {right[r]}" for r in range(n))
+        return (f"your sends ({links}) do not close one ring through all {n} ranks: rank r "
+                "sends to (r + 1) % n and receives from (r - 1) % n")
+    for rank, case in enumerate(cases):
+        left = next(r for r in range(n) if right[r] == rank)
+        strangers = sorted({src for src in case["from"] if src is not None and src != left})
+        if strangers:
+            return (f"rank {rank} received from ranks {strangers}, but only rank {left} sends to "
+                    "it: in a ring a rank receives from its other neighbour only")
+    return None
+
+
 # ---------------------------------------------------------------- 09.buckets
 
 BUCKET_STATEMENT = """\
@@ -351,9 +394,10 @@ the gradients in the order backward makes them ready. DDP fills a bucket with th
 that order and closes it as soon as its size reaches the cap (a gradient is never split,
 so a bucket may go over the cap); the first bucket has cap `first_cap`, every later one
 `cap`; the last bucket holds what is left. Return the buckets as lists of indices into
-`grad_bytes`. The checker compares with the function DistributedDataParallel itself
-calls on several cases — the sizes of kosmoss's MLP among them, a bucket that reaches
-its cap exactly, a gradient larger than any cap — without calling it from your cell.
+`grad_bytes` (left as it was). The checker compares with the function
+DistributedDataParallel itself calls on several cases — the sizes of kosmoss's MLP
+among them, a bucket that reaches its cap exactly, a gradient larger than any cap —
+without calling it from your cell.
 """
 
 BUCKET_SKELETON = """
@@ -456,7 +500,12 @@ def bucket_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "ddp_buckets")
     for grad_bytes, first_cap, cap in BUCKET_CASES:
         expected = torch_buckets(grad_bytes, first_cap, cap)
-        got = mine(list(grad_bytes), first_cap, cap)
+        given = list(grad_bytes)
+        got = mine(given, first_cap, cap)
+        if given != list(grad_bytes):
+            return failed(f"for gradients of {list(grad_bytes)} bytes your ddp_buckets left the "
+                          f"caller's list as {given}: read grad_bytes, do not consume it (pop, "
+                          "del, sort in place) — DDP reads those sizes again")
         try:
             got = [[int(i) for i in bucket] for bucket in got]
         except (TypeError, ValueError):

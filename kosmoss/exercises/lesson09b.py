@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import weakref
 from contextlib import contextmanager
 from typing import Iterator, List, Optional
 
@@ -505,9 +506,11 @@ class _Handle:
 
 
 @contextmanager
-def _watched(events: list, phase: List[str]) -> Iterator[None]:
+def _watched(events: list, phase: List[str], handles: Optional[list] = None
+             ) -> Iterator[None]:
     """Record every dist.all_reduce (elements, async_op, the phase of the step it was
-    launched in) in both namespaces a cell reaches it through; restore it afterwards."""
+    launched in) in both namespaces a cell reaches it through; restore it afterwards.
+    ``handles`` gets (launch number, a weak reference to the handle the learner got)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
@@ -518,7 +521,12 @@ def _watched(events: list, phase: List[str]) -> Iterator[None]:
         launch = sum(1 for event in events if event[0] == "launch")
         events.append(("launch", int(tensor.numel()), asynchronous, phase[0]))
         work = original(tensor, *args, **kwargs)
-        return _Handle(work, launch, events, phase) if asynchronous and work is not None else work
+        if not asynchronous or work is None:
+            return work
+        handle = _Handle(work, launch, events, phase)
+        if handles is not None:
+            handles.append((launch, weakref.ref(handle)))
+        return handle
 
     saved = [(module, module.all_reduce) for module in (dist, distributed_c10d)]
     for module, _ in saved:
@@ -566,7 +574,8 @@ def _learner_run(namespace: dict, name: str, args: tuple, rank: int, world_size:
     model = toy(seed=rank)
     events: list = []
     phase = ["init"]
-    with _watched(events, phase):
+    handles: list = []
+    with _watched(events, phase, handles):
         learner(namespace, name)  # says "not answered" when the cell defines no such class
         wrapper = _mine(namespace[name], name, cell_file)(model, *args)
         start = _flat(model.parameters())
@@ -583,12 +592,16 @@ def _learner_run(namespace: dict, name: str, args: tuple, rank: int, world_size:
             loss = mse_loss(_mine(wrapper, "forward", cell_file)(x), y)
             phase[0] = "backward"
             events.append(("backward", step))
+            earlier = sum(1 for e in events if e[0] == "launch")  # launches of earlier steps
             _mine(loss.backward, "a hook of yours", cell_file)()
             phase[0] = "finish"
             events.append(("finish", step))
             _mine(_attribute(wrapper, "finish_gradient_synchronization"),
                   "finish_gradient_synchronization", cell_file)()
             events.append(("finished", step))
+            gc.collect()  # a handle the learner dropped is gone: one still held is kept
+            events.append(("kept", sum(1 for launch, handle in handles
+                                       if launch < earlier and handle() is not None)))
             phase[0] = "step"
             grads.append(_flat(p.grad if p.grad is not None else torch.zeros_like(p)
                                for p in _trainable(model)))
@@ -818,7 +831,32 @@ def _overlap_traffic(launches, events, sizes, run) -> Optional[str]:
     blocking = [e for e in launches if not e[2]]
     if blocking:
         return _blocking(len(blocking), len(launches))
-    return _waited_in_backward(events)
+    return _waited_in_backward(events) or _late_launches(events) or _kept_handles(events)
+
+
+def _late_launches(events: list) -> Optional[str]:
+    """The k-th all-reduce launched from the hook of the k-th gradient ready (the checker's
+    hook runs after the learner's on each gradient: k gradients are marked ready then)."""
+    ready, launched = 0, 0
+    for event in events:
+        ready += event[0] == "ready"
+        if event[0] == "launch":
+            launched += 1
+            if ready > launched:
+                return (f"all-reduce {launched} was launched only after {ready} gradients were "
+                        "ready, not from its own gradient's hook: launch each one from the "
+                        "hook of its own gradient, while backward computes the next ones — "
+                        "launched at the end of backward, nothing overlaps")
+    return None
+
+
+def _kept_handles(events: list) -> Optional[str]:
+    kept = next((e[1] for e in events if e[0] == "kept" and e[1]), 0)
+    if kept:
+        return (f"{kept} handle(s) of an earlier step were still held after this step's "
+                "finish_gradient_synchronization(): clear them once waited on — each keeps "
+                "the gradient it reduced alive, so memory grows with every step")
+    return None
 
 
 def _waited_in_backward(events: list) -> Optional[str]:
@@ -846,7 +884,8 @@ def _bucket_traffic(launches, events, sizes, run) -> Optional[str]:
     blocking = [e for e in launches if not e[2]]
     if blocking:
         return _blocking(len(blocking), len(launches))
-    return _waited_in_backward(events) or _late_buckets(events, expected)
+    return (_waited_in_backward(events) or _late_buckets(events, expected)
+            or _kept_handles(events))
 
 
 def _late_buckets(events: list, expected: List[List[int]]) -> Optional[str]:

@@ -18,13 +18,13 @@ SUM_STATEMENT = """\
 
 Write `sum_stats(stats)`. On every rank, `stats` is a dict from a name to a float
 (`"loss_sum"`, `"samples"`, ...): the same names on every rank, but not inserted in the
-same order (each rank built its dict as its batches came). Return a dict with the same
-names, each value summed over all ranks, the same on every rank. Use
-`torch.distributed.all_reduce`. Every collective matches the call with the same position
-on the other ranks, whatever tensor it was given: the ranks must call them in an order
-they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes, each rank's
-dict in another order; the values are multiples of `1/8`, so every sum is exact in
-float32 and float64, and the checker compares exactly.
+same order (each rank built its dict as its batches came). Return a new dict with the
+same names, each value summed over all ranks, the same on every rank (`stats` left as
+it was). Use `torch.distributed.all_reduce`. Every collective matches the call with the
+same position on the other ranks, whatever tensor it was given: the ranks must call them
+in an order they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes,
+each rank's dict in another order; the values are multiples of `1/8`, so every sum is
+exact in float32 and float64, and the checker compares exactly.
 """
 
 SUM_SKELETON = """
@@ -136,8 +136,10 @@ def _order(rank: int) -> List[str]:
 
 def sum_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     stats = {name: STATS[rank][name] for name in _order(rank)}
-    got = learner(namespace, "sum_stats")(dict(stats))
-    return {"got": {str(k): float(v) for k, v in dict(got).items()}, "order": _order(rank)}
+    given = dict(stats)
+    got = learner(namespace, "sum_stats")(given)
+    return {"got": {str(k): float(v) for k, v in dict(got).items()}, "order": _order(rank),
+            "changed_input": given != stats}
 
 
 def sum_judge(ranks: List[dict]) -> tuple:
@@ -153,6 +155,10 @@ def sum_judge(ranks: List[dict]) -> tuple:
                 return failed(f"rank {rank}: {name!r} came out {got[name]:g}"
                               + _sum_hint(rank, name, got[name], ranks)
                               + f" (the sum over the ranks is {value:g})")
+    if any(result.get("changed_input") for result in ranks):
+        return failed("the right sums, but written into the caller's stats: return a new dict "
+                      "— a caller that adds this rank's next batches to its stats and reduces "
+                      "again would count the other ranks' totals again")
     return passed(f"every name summed exactly on all {n} ranks, whose dicts held them in "
                   f"{n} different orders")
 

@@ -151,8 +151,9 @@ def accumulate_judge(namespace: dict) -> tuple:
         generator = torch.Generator().manual_seed(batch)
         x = torch.randn(batch, 12, generator=generator)
         y = torch.randn(batch, 5, generator=generator)
-        model, (seen, before), steps = _run_learner(mine, x, y, micro)
-        message = _accumulate_mistake(model, x, y, seen, steps, micro) or _graphs_held(before)
+        model, (seen, before, changed), steps = _run_learner(mine, x, y, micro)
+        message = (_accumulate_mistake(model, x, y, seen, steps, micro) or _graphs_held(before)
+                   or _settings_left(changed))
         if message:
             return failed(f"batch {batch} in {micro} micro-batch(es): {message}")
     return passed(f"the same step as the full batch in {len(ACCUMULATE_CASES)} cases, batches "
@@ -179,12 +180,25 @@ def _run_learner(mine, x, y, micro: int):
     hooks = [model.register_forward_pre_hook(forward),
              # the first layer's weight: its gradient comes last in every backward pass
              model[0].weight.register_hook(lambda grad: backwards.append(1))]
+    settings = [dict(group, params=None) for group in optimizer.param_groups]
     try:
         mine(model, optimizer, x, y, micro)
     finally:
         for hook in hooks:
             hook.remove()
-    return model, (seen, before), len(steps)
+    changed = [key for group, was in zip(optimizer.param_groups, settings)
+               for key in was if key != "params" and group.get(key) != was[key]]
+    return model, (seen, before, changed), len(steps)
+
+
+def _settings_left(changed: List[str]):
+    """A step that scales the optimizer's rate (lr / k) and leaves it so: the next step
+    divides again."""
+    if not changed:
+        return None
+    return (f"the right step, but the optimizer's {changed[0]} was left changed: the next call "
+            "would change it again (lr / k, then lr / k², ...) — scale each slice's loss, not "
+            "the optimizer's settings")
 
 
 def _accumulate_mistake(model, x, y, seen, steps: int, micro: int):

@@ -132,7 +132,8 @@ interface whose network holds `master_addr`, the most specific one (longest pref
 several do, as a routing table decides, and the first of them in `interfaces`' order when
 their prefixes tie; `None` when none does. A master on this host (`127.0.0.1`) is reached
 over the loopback. The checker tries hosts with several interfaces, overlapping networks,
-equally specific ones, a master on no network and interfaces without address.
+equally specific ones, a master on no network, interfaces without address and IPv6
+addresses beside the IPv4 ones.
 """
 
 PICK_SKELETON = '''
@@ -238,6 +239,8 @@ PICK_CASES = (
     # a /22 is no whole number of octets: 10.1.9.9 is outside 10.1.4.0/22, 10.1.6.1 inside
     ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.9.9"),
     ({"eth0": ["10.1.4.5/22"], "ib0": ["10.0.0.3/8"]}, "10.1.6.1"),
+    # as `ip addr` shows an interface that is up: an IPv6 address beside the IPv4 one
+    ({"lo": ["127.0.0.1/8", "::1/128"], "eth0": ["fe80::1/64", "10.5.0.2/16"]}, "10.5.3.3"),
     # the loopback under macOS's name: the one whose network holds 127.0.0.1, whatever it is
     ({"lo0": ["127.0.0.1/8"], "en0": ["192.168.1.20/24"]}, "127.0.0.1"),
     # an interface with several addresses (a secondary one added by `ip addr add`): the

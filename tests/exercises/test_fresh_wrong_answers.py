@@ -1290,6 +1290,78 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
         raise ValueError(f"{global_batch_size} is not a multiple of {world}")
     return global_batch_size // world
 ''', "splits evenly"),
+    ('11.accumulate', "the optimizer's rate scaled and left so", '''
+import torch
+import torch.nn.functional as F
+
+
+def accumulated_step(model, optimizer, x, y, micro_batches):
+    # sum the slices' mean losses weighted by their rows, then scale the step by 1/N
+    optimizer.zero_grad()
+    for xi, yi in zip(torch.tensor_split(x, micro_batches), torch.tensor_split(y, micro_batches)):
+        (F.mse_loss(model(xi), yi) * len(xi)).backward()
+    for group in optimizer.param_groups:
+        group["lr"] /= len(x)
+    optimizer.step()
+''', 'lr was left changed'),
+    ('09.buckets', "the caller's list consumed with pop", '''
+def ddp_buckets(grad_bytes, first_cap, cap):
+    out, cur, size, limit, i = [], [], 0, first_cap, 0
+    while grad_bytes:
+        g = grad_bytes.pop(0)
+        cur.append(i); size += g; i += 1
+        if size >= limit:
+            out.append(cur); cur, size, limit = [], 0, cap
+    if cur:
+        out.append(cur)
+    return out
+''', 'do not consume it'),
+    ('12.pick_interface', 'IPv4 masks by hand, lost on an IPv6 address', '''
+def pick_interface(interfaces, master_addr):
+    # by hand: compare the masked 32-bit integers
+    def to_int(s):
+        a, b, c, d = (int(x) for x in s.split("."))
+        return (a << 24) | (b << 16) | (c << 8) | d
+    m = to_int(master_addr)
+    best, best_len = None, -1
+    for name, addrs in interfaces.items():
+        for a in addrs:
+            addr, p = a.split("/")
+            p = int(p)
+            mask = ((1 << 32) - 1) ^ ((1 << (32 - p)) - 1)
+            if (to_int(addr) & mask) == (m & mask) and p > best_len:
+                best, best_len = name, p
+    return best
+'''),
+    ('08.training_memory', "measured by a real Adam step on the caller's model", '''
+import torch
+from torch import nn
+def training_memory(model, batch_size):
+    # measure it: run one real Adam step, count what is kept
+    first = next(m for m in model if isinstance(m, nn.Linear))
+    x = torch.randn(batch_size, first.in_features)
+    saved = []
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = []
+        h = x
+        for m in model:
+            h = m(h)
+            outs.append(h)
+    y = torch.randn_like(h)
+    loss = nn.functional.mse_loss(h, y)
+    opt = torch.optim.Adam(model.parameters())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    P = sum(p.numel() * 4 for p in model.parameters())
+    G = sum(p.grad.numel() * 4 for p in model.parameters())
+    S = sum(v.numel() * 4 for st in opt.state.values() for k, v in st.items() if k != "step")
+    A = x.numel() * 4 + sum(o.numel() * 4 for o in outs) + y.numel() * 4
+    return P + G + S + A
+''', "changed the caller's model"),
 ]
 
 FRESH_DISTRIBUTED = [
@@ -2111,6 +2183,111 @@ def average_gradients(model):
         dist.all_reduce(g)
         p.grad = g / dist.get_world_size()
 ''', "in place"),
+    ('09.ring_all_reduce', 'each chunk sent straight to its owner, not round a ring', '''
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):
+    # reduce-scatter then all-gather: rank r owns chunk r
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    # reduce-scatter: send chunk c to its owner c, add what the others send me
+    reqs = [dist.isend(chunks[c].clone(), c) for c in range(n) if c != r]
+    for src in range(n):
+        if src != r:
+            buf = torch.empty_like(chunks[r])
+            dist.recv(buf, src)
+            chunks[r].add_(buf)
+    for q in reqs:
+        q.wait()
+    # all-gather: send my summed chunk to everyone
+    reqs = [dist.isend(chunks[r].clone(), c) for c in range(n) if c != r]
+    for src in range(n):
+        if src != r:
+            buf = torch.empty_like(chunks[src])
+            dist.recv(buf, src)
+            chunks[src].copy_(buf)
+    for q in reqs:
+        q.wait()
+''', 'in a ring every rank sends only to its'),
+    ('09b.overlap', "every all-reduce launched from the last gradient's hook", '''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for p in self.module.parameters():
+                dist.broadcast(p, src=0)
+        self.trainable = [p for p in self.module.parameters() if p.requires_grad]
+        self.ready = []
+        self.pending = []
+        for p in self.trainable:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        # launch once every gradient is complete, so that no all-reduce reads a half-made one
+        self.ready.append(p)
+        if len(self.ready) == len(self.trainable):
+            for q in self.ready:
+                self.pending.append((dist.all_reduce(q.grad, async_op=True), q))
+            self.ready = []
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        n = dist.get_world_size()
+        for h, p in self.pending:
+            h.wait()
+            p.grad /= n
+        self.pending = []
+''', 'nothing overlaps'),
+    ('09b.overlap', 'the handles kept from step to step', '''
+import torch
+import torch.distributed as dist
+
+
+class OverlapDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for p in self.module.parameters():
+                dist.broadcast(p, src=0)
+        self.pending = []
+        for p in self.module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        self.pending.append(dist.all_reduce(p.grad, async_op=True))
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+    def finish_gradient_synchronization(self):
+        n = dist.get_world_size()
+        for h in self.pending:
+            h.wait()
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad /= n
+''', 'memory grows'),
+    ('10.sum_stats', "the sums written into the caller's dict", '''
+import torch
+import torch.distributed as dist
+def sum_stats(stats):
+    for k in sorted(stats):
+        t = torch.tensor([stats[k]], dtype=torch.float64)
+        dist.all_reduce(t)
+        stats[k] = t.item()
+    return stats
+''', 'return a new dict'),
 ]
 
 

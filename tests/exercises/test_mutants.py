@@ -232,8 +232,10 @@ DISTRIBUTED_MUTANTS = [
     ("09b.overlap", "blocking all-reduces allowed",
      "    blocking = [e for e in launches if not e[2]]\n    if blocking:\n"
      "        return _blocking(len(blocking), len(launches))\n"
-     "    return _waited_in_backward(events)\n",
-     "    return _waited_in_backward(events)\n"),
+     "    return _waited_in_backward(events) or _late_launches(events) or "
+     "_kept_handles(events)\n",
+     "    return _waited_in_backward(events) or _late_launches(events) or "
+     "_kept_handles(events)\n"),
     ("09b.overlap", "handles not watched",
      '        message = message or _unwaited(events, run["events"])', "        message = message"),
     ("09b.overlap", "launches after backward allowed",
@@ -244,8 +246,8 @@ DISTRIBUTED_MUTANTS = [
     ("09b.buckets", "launches after backward allowed",
      "    if late and sorted(got) == sorted(want):", "    if False:"),
     ("09b.buckets", "launches late in backward allowed",
-     "    return _waited_in_backward(events) or _late_buckets(events, expected)",
-     "    return _waited_in_backward(events)"),
+     "    return (_waited_in_backward(events) or _late_buckets(events, expected)\n",
+     "    return (_waited_in_backward(events)\n"),
     ("11.row_parallel", "two ranks only",
      'names=("row_parallel_forward",),', 'names=("row_parallel_forward",), world_sizes=(2,),'),
     ("11.row_parallel", "rank 0 only",
