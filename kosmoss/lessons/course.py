@@ -23,7 +23,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -316,12 +315,12 @@ def _print_lines(proc: subprocess.Popen, lines: List[str]) -> None:
 
 
 def _let_it_stop(proc: subprocess.Popen, lines: List[str]) -> None:
-    """An interrupted cell's command: Jupyter signalled the kernel's process group, so the
-    command got SIGINT too (sent again here in case only the kernel did). Its last lines are
-    shown as it stops (a run says how to resume); it is ended after SH_STOP_GRACE_S, or at
-    a second interrupt, so that nothing is left behind."""
+    """An interrupted cell's command: Jupyter signals the kernel's process group
+    (jupyter_client's LocalProvisioner), so the command got SIGINT too, once, as from Ctrl-C
+    in a terminal; a second one could cut its own stop short. Its last lines are shown as it
+    stops (a run says how to resume); it is ended after SH_STOP_GRACE_S, or at a second
+    interrupt, so that nothing is left behind."""
     try:
-        proc.send_signal(signal.SIGINT)  # a kosmoss command ignores a second one (UNWIND_S)
         rest = threading.Thread(target=_print_lines, args=(proc, lines), daemon=True)
         rest.start()
         rest.join(SH_STOP_GRACE_S)
