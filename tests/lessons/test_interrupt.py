@@ -95,8 +95,11 @@ class Kernel:
     def running(self, count: int):
         """A condition: ``count`` processes under the kernel, and a moment for them to start."""
         def ready() -> bool:
-            live = [p for p in self.descendants() if p.status() != psutil.STATUS_ZOMBIE]
-            return len(live) >= count and not time.sleep(0.5)
+            live = [p for p in self.descendants() if _alive(p)]
+            if len(live) < count:
+                return False
+            time.sleep(0.5)  # past their start-up, into what the cell runs
+            return True
         return ready
 
     def close(self) -> None:
@@ -104,6 +107,13 @@ class Kernel:
             process.kill()
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # ended between the listing and the look
+        return False
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def test_a_local_rank_polled_by_lightnings_observer_at_that_moment_is_named_by_i
     observer_polls = threading.Event()
 
     def hold_the_lock_a_moment():
-        with child._waitpid_lock:  # what an observer's poll holds, stretched
+        with child._waitpid_lock:  # CPython's lock that an observer's poll holds, stretched
             observer_polls.set()
             time.sleep(0.3)
 
