@@ -418,12 +418,12 @@ else:
 # Write `sum_stats(stats)`. On every rank, `stats` is a dict from a name to a float
 # (`"loss_sum"`, `"samples"`, ...): the same names on every rank, but not inserted in the
 # same order (each rank built its dict as its batches came). Return a new dict with the
-# same names, each value summed over all ranks, the same on every rank (`stats` left as
-# it was). Use `torch.distributed.all_reduce`. Every collective matches the call with the
-# same position on the other ranks, whatever tensor it was given: the ranks must call them
-# in an order they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes,
-# each rank's dict in another order; the values are multiples of `1/8`, so every sum is
-# exact in float32 and float64, and the checker compares exactly.
+# same names, each value a Python float summed over all ranks, the same on every rank
+# (`stats` left as it was). Use `torch.distributed.all_reduce`. Every collective matches
+# the call with the same position on the other ranks, whatever tensor it was given: the
+# ranks must call them in an order they all agree on. The checker runs your cell at 2, 3
+# and 4 gloo processes, each rank's dict in another order; the values are multiples of
+# `1/8`, so every sum is exact in float32 and float64, and the checker compares exactly.
 
 # %%
 # exercise: 10.sum_stats

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import operator
 import re
+import sys
 import textwrap
 import traceback
 from dataclasses import dataclass, field
@@ -189,8 +190,28 @@ def number(value: Any) -> Optional[float]:
         return None
 
 
+def is_tensor(value: Any) -> bool:
+    """A torch tensor; torch is not imported for it (a learner who returned one has)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+# A 0-d tensor compares equal to its number, so a check of the value alone lets it through.
+TENSOR_HINT = ("a tensor, not a Python number: .item() (or .tolist()) gives the number — "
+               "printed, logged or put in an environment variable a tensor reads tensor(3), "
+               "and json refuses it")
+
+
+def number_hint(value: Any, otherwise: str) -> str:
+    """TENSOR_HINT for a tensor, else the caller's own hint."""
+    return TENSOR_HINT if is_tensor(value) else otherwise
+
+
 def is_integer(value: Any) -> bool:
-    """A count as a learner may return it: int or numpy's integers; not 4128.0, not True."""
+    """A count as a learner may return it: int or numpy's integers; not 4128.0, not True, not
+    tensor(3) (which has __index__, but reads "tensor(3)" as text)."""
+    if is_tensor(value):
+        return False
     try:
         operator.index(value)
     except TypeError:

@@ -5,7 +5,7 @@ inputs without erasing tiny-valued features.
 """
 from __future__ import annotations
 
-from .core import Exercise, Mistake, failed, is_integer, learner, passed
+from .core import Exercise, Mistake, failed, is_integer, learner, number_hint, passed
 from .tolerance import FLOAT32_UNIT, gamma
 
 # ---------------------------------------------------------------- 01.feature_counts
@@ -87,8 +87,8 @@ def counts_judge(namespace: dict) -> tuple:
         for levels in LEVELS:
             value, expected = answers[levels][which], _schema_counts(levels)[which]
             if not is_integer(value):
-                return failed(f"for {levels} levels your {name} is {value!r}: a count is an "
-                              "integer (no float in the arithmetic)")
+                return failed(f"for {levels} levels your {name} is {value!r}: " + number_hint(
+                    value, "a count is an integer (no float in the arithmetic)"))
             if value != expected:
                 return failed(f"for {levels} levels your {name} is {value}, the schema's is "
                               f"{expected}: " + _count_hint(name, which, answers))

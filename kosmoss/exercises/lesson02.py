@@ -9,7 +9,7 @@ import contextlib
 import functools
 from typing import Iterator
 
-from .core import Exercise, Mistake, failed, is_integer, learner, passed
+from .core import Exercise, Mistake, failed, is_integer, learner, number_hint, passed
 
 # ---------------------------------------------------------------- 02.predict_wm2
 
@@ -474,7 +474,8 @@ def steps_judge(namespace: dict) -> tuple:
         setup = (f"for {n} columns, batches of {b}, {e} epoch(s), accumulating {a}: yours says "
                  f"{got!r}")
         if not is_integer(got):
-            return failed(f"{setup}: a count of steps is an integer (no / in the arithmetic)")
+            return failed(f"{setup}: " + number_hint(
+                got, "a count of steps is an integer (no / in the arithmetic)"))
         if got != expected:
             return failed(f"{setup}, the Trainer took {expected} steps ({_ceil(n, b)} "
                           f"batches per epoch)" + _steps_hint(answers))

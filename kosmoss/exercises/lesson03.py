@@ -9,7 +9,8 @@ import re
 
 from typing import List
 
-from .core import Exercise, LearnerRaised, Mistake, failed, is_integer, learner, passed
+from .core import (Exercise, LearnerRaised, Mistake, failed, is_integer, learner,
+                   number_hint, passed)
 from .tolerance import gamma
 
 ROWS = 10  # the batch: shards of 5 and 5, 3-3-4, 2-3-2-3 rows — uneven at 3 and 4 ranks
@@ -351,8 +352,9 @@ def batch_judge(namespace: dict) -> tuple:
             return failed(f"for {setup} yours refused ({raised.original}), but it splits "
                           f"evenly: {expected} columns per device")
         if not is_integer(got):
-            return failed(f"for {setup} yours returned {got!r}: a batch size is an integer "
-                          "(a DataLoader refuses a float); use // once you know it divides")
+            return failed(f"for {setup} yours returned {got!r}: " + number_hint(
+                got, "a batch size is an integer (a DataLoader refuses a float); use // once "
+                "you know it divides"))
         if got != expected:
             hint = (": the world is nodes × devices per node"
                     if got == global_batch // per_node and nodes > 1 else "")

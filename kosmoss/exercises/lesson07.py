@@ -4,7 +4,8 @@
 """
 from __future__ import annotations
 
-from .core import Exercise, Mistake, failed, is_integer, learner, passed
+from .core import (TENSOR_HINT, Exercise, Mistake, failed, is_integer, is_tensor, learner,
+                   passed)
 
 RANKS_STATEMENT = """\
 **Convert between global rank and (node rank, local rank).**
@@ -76,6 +77,14 @@ import numpy as np
 def place_of(rank, devices_per_node):
     return np.floor(rank / devices_per_node), rank % devices_per_node
 """, "ranks are integers"),
+    "tensors from torch's floor division": Mistake(_RANK + """
+import torch
+
+
+def place_of(rank, devices_per_node):
+    rank = torch.tensor(rank)
+    return torch.div(rank, devices_per_node, rounding_mode="floor"), rank % devices_per_node
+""", "a tensor, not a Python number"),
     "bit operations, right for powers of two": Mistake("""
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * devices_per_node | local_rank
@@ -115,6 +124,8 @@ def ranks_judge(namespace: dict) -> tuple:
 
 
 def _rank_hint(got, node: int, local: int, per_node: int) -> str:
+    if is_tensor(got):
+        return f": {TENSOR_HINT}"
     bits = ("shifts and | stand in for * and + only when devices_per_node is a power of two "
             "— node_rank * devices_per_node + local_rank")
     for candidate, hint in ((node * per_node | local, bits),
@@ -140,6 +151,8 @@ def _pair(value) -> bool:
 def _place_hint(place, node: int, local: int, per_node: int) -> str:
     if not _pair(place):
         return ": return a pair (node_rank, local_rank)"
+    if any(is_tensor(v) for v in place):
+        return f": {TENSOR_HINT}"
     if not all(is_integer(v) for v in place):
         return ": ranks are integers — node_rank = rank // devices_per_node (floor division)"
     if tuple(place) == (local, node):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import List
 
-from .core import Exercise, LearnerRaised, Mistake, failed, learner, passed
+from .core import TENSOR_HINT, Exercise, LearnerRaised, Mistake, failed, learner, passed
 
 # ---------------------------------------------------------------- 10.sum_stats
 
@@ -19,12 +19,12 @@ SUM_STATEMENT = """\
 Write `sum_stats(stats)`. On every rank, `stats` is a dict from a name to a float
 (`"loss_sum"`, `"samples"`, ...): the same names on every rank, but not inserted in the
 same order (each rank built its dict as its batches came). Return a new dict with the
-same names, each value summed over all ranks, the same on every rank (`stats` left as
-it was). Use `torch.distributed.all_reduce`. Every collective matches the call with the
-same position on the other ranks, whatever tensor it was given: the ranks must call them
-in an order they all agree on. The checker runs your cell at 2, 3 and 4 gloo processes,
-each rank's dict in another order; the values are multiples of `1/8`, so every sum is
-exact in float32 and float64, and the checker compares exactly.
+same names, each value a Python float summed over all ranks, the same on every rank
+(`stats` left as it was). Use `torch.distributed.all_reduce`. Every collective matches
+the call with the same position on the other ranks, whatever tensor it was given: the
+ranks must call them in an order they all agree on. The checker runs your cell at 2, 3
+and 4 gloo processes, each rank's dict in another order; the values are multiples of
+`1/8`, so every sum is exact in float32 and float64, and the checker compares exactly.
 """
 
 SUM_SKELETON = """
@@ -106,6 +106,17 @@ def sum_stats(stats):
     dist.all_reduce(values)
     return dict(zip(names, values.tolist()))
 """, "fractions"),
+    "tensors for values": Mistake("""
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats)
+    values = torch.tensor([stats[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(names, values))
+""", "a tensor, not a Python number"),
     "reduce to rank 0 only": Mistake("""
 import torch
 import torch.distributed as dist
@@ -138,8 +149,11 @@ def sum_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     stats = {name: STATS[rank][name] for name in _order(rank)}
     given = dict(stats)
     got = learner(namespace, "sum_stats")(given)
-    return {"got": {str(k): float(v) for k, v in dict(got).items()}, "order": _order(rank),
-            "changed_input": given != stats}
+    got = dict(got)
+    return {"got": {str(k): float(v) for k, v in got.items()}, "order": _order(rank),
+            "changed_input": given != stats,
+            "not_floats": {str(k): repr(v) for k, v in got.items()
+                           if isinstance(v, bool) or not isinstance(v, (int, float))}}
 
 
 def sum_judge(ranks: List[dict]) -> tuple:
@@ -155,12 +169,20 @@ def sum_judge(ranks: List[dict]) -> tuple:
                 return failed(f"rank {rank}: {name!r} came out {got[name]:g}"
                               + _sum_hint(rank, name, got[name], ranks)
                               + f" (the sum over the ranks is {value:g})")
+    for rank, result in enumerate(ranks):
+        if result["not_floats"]:
+            name, shown = next(iter(result["not_floats"].items()))
+            return failed(f"the right sums, but rank {rank}'s {name!r} is {shown}: "
+                          f"{TENSOR_HINT if shown.startswith('tensor(') else _NOT_FLOAT}")
     if any(result.get("changed_input") for result in ranks):
         return failed("the right sums, but written into the caller's stats: return a new dict "
                       "— a caller that adds this rank's next batches to its stats and reduces "
                       "again would count the other ranks' totals again")
     return passed(f"every name summed exactly on all {n} ranks, whose dicts held them in "
                   f"{n} different orders")
+
+
+_NOT_FLOAT = "return Python floats (float(...) or .tolist()), which every logger and json take"
 
 
 def _partners(rank: int, name: str, value: float, n: int):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .core import Exercise, Mistake, failed, is_integer, learner, passed
+from .core import Exercise, Mistake, failed, is_integer, learner, number_hint, passed
 from .tolerance import gamma
 
 NOTEBOOK_GLOB = "*metrics*"  # the lab's notebook: its file name contains "metrics"
@@ -270,7 +270,7 @@ def padding_judge(namespace: dict) -> tuple:
 def _padding_hint(got, n: int, world: int, expected: int) -> str:
     per_rank = -(-n // world)
     if got == expected and not is_integer(got):
-        return ": a count of samples is an integer"
+        return ": " + number_hint(got, "a count of samples is an integer")
     for candidate, hint in (
             (n % world, "that is the remainder; the padding fills the last round up to the "
              "world size"),
