@@ -31,6 +31,7 @@ after each check, so what finished comes back when a later check is stopped.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import pickle
@@ -356,13 +357,33 @@ def _run_task(task: Task, index: int, rank: int, store, collective_s: float) -> 
     dist.init_process_group("gloo", store=dist.PrefixStore(f"task{index}", store), rank=rank,
                             world_size=task.world_size, timeout=timedelta(seconds=collective_s))
     try:
-        outcome = _rank_task(task, rank, collective_s)
+        with _torchrun_variables(rank, task.world_size):
+            outcome = _rank_task(task, rank, collective_s)
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
     if outcome.kind in STOPPED:
         store.set(f"stop{task.item}", outcome.kind)
     return outcome
+
+
+@contextlib.contextmanager
+def _torchrun_variables(rank: int, world_size: int):
+    """The variables torchrun sets for a rank of one node, for this task only: an answer
+    that reads ``os.environ["WORLD_SIZE"]``, as code under torchrun or Lightning may, finds
+    what ``dist.get_world_size()`` says."""
+    names = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size,
+             "LOCAL_WORLD_SIZE": world_size}
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(value) for name, value in names.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _barrier(store, index: int, processes: int) -> None:

@@ -296,6 +296,17 @@ def average_gradients(model):
     for parameter in model.parameters():
         parameter.grad /= dist.get_world_size()
         dist.all_reduce(parameter.grad)
+''', '''
+import os
+
+import torch.distributed as dist
+
+
+def average_gradients(model):  # the world size as torchrun and Lightning export it
+    world_size = int(os.environ["WORLD_SIZE"])
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+        parameter.grad /= world_size
 '''],
     "metrics.exact_val_loss": ['''
 import torch
