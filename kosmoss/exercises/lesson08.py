@@ -10,7 +10,7 @@ import math
 from typing import Dict
 
 from .core import Exercise, Mistake, failed, learner, number, passed, show
-from .tolerance import float64_close
+from .tolerance import FLOAT32_UNIT, float64_close
 
 # ---------------------------------------------------------------- 08.training_memory
 
@@ -292,6 +292,9 @@ BANDWIDTH_WRONG = {
                                           "8 * nbytes / seconds"), "bytes per second"),
     "twice algbw, whatever the ranks": Mistake(_bandwidth("2 * algbw"),
                                                "which depends on the ranks"),
+    "float32 arithmetic": Mistake("\nimport numpy as np\n" + _bandwidth(
+        "algbw * 2 * (world_size - 1) / world_size",
+        "np.float32(nbytes) / np.float32(seconds)"), "float32's precision"),
 }
 
 BANDWIDTH_CASES = ((1e9, 0.5, 8), (4e8, 0.1, 2), (2.5e7, 3e-3, 3), (2.5e7, 3e-3, 4),
@@ -319,13 +322,16 @@ def bandwidth_judge(namespace: dict) -> tuple:
             if value is None or not float64_close(value, right, BANDWIDTH_ROUNDINGS):
                 return failed(f"{nbytes:.3g} bytes in {seconds:g} s on {world} rank(s): your "
                               f"{name} is {show(value)}, expected {right:.4g} B/s"
-                              + _bandwidth_hint(name, value, expected[0], world))
+                              + _bandwidth_hint(name, value, right, expected[0], world))
     return passed(f"algbw and busbw right in {len(BANDWIDTH_CASES)} cases, one rank included")
 
 
-def _bandwidth_hint(name: str, value, algbw: float, world: int) -> str:
+def _bandwidth_hint(name: str, value, right: float, algbw: float, world: int) -> str:
     if value is None:
         return ": return numbers"
+    if math.isclose(value, right, rel_tol=FLOAT32_UNIT * 8):
+        return (": right to float32's precision, not float64's — compute with Python floats "
+                "(a float32 of about 1e9 is off by tens)")
     if name == "algbw":
         if math.isclose(value, 8 * algbw, rel_tol=1e-9):
             return ": bandwidths here are in bytes per second, not bits"

@@ -74,6 +74,10 @@ LIMIT_WRONG = {
         '(by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute") ==> '
         '(by_memory, "compute") if by_memory <= by_compute else (by_compute, "memory")'),
         "it is bound by"),
+    "floor division": Mistake(_limit(
+        "by_memory = bandwidth / (4 * (n_x + n_y)) ==> by_memory = bandwidth // (4 * (n_x + n_y))"
+    ).replace("by_compute = peak_flops / (", "by_compute = peak_flops // ("),
+        "a rate is no count"),
     "the faster bound taken": Mistake(_limit(
         "if by_memory <= by_compute else ==> if by_memory >= by_compute else"),
         "the slower of the two binds"),
@@ -125,6 +129,9 @@ def limit_judge(namespace: dict) -> tuple:
 def _rate_hint(rate, case, right: float) -> str:
     if rate is None:
         return ": a number of samples per second"
+    if abs(rate - right) < 1 and rate == round(rate):
+        return (": rounded to a whole number — a rate is no count of samples and needs no "
+                "rounding: divide with /, not //, and keep the fraction")
     n_x, hidden, n_y, bandwidth, peak = case
     sizes = [n_x, *hidden, n_y]
     layers = list(zip(sizes[:-1], sizes[1:]))

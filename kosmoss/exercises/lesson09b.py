@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import gc
-import weakref
-from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 from .core import (Exercise, LearnerRaised, Mistake, NotAnswered, cell_filename,
                    describe_error, failed, learner, passed)
 from .lesson09 import torch_buckets
 from .tolerance import FLOAT32_UNIT
+from .watch import watched
 from ..run.lightning_private import bucket_assignment_function
 
 NOTEBOOK_GLOB = "09b_*"
@@ -485,59 +484,6 @@ BUCKET_WRONG = {
 # ---------------------------------------------------------------- what the ranks do
 
 
-class _Handle:
-    """A work handle as the learner's code sees it, that tells the checker it was waited
-    on (gloo's Work cannot take an attribute)."""
-
-    def __init__(self, work, launch: int, events: list, phase: List[str]):
-        self._work, self._launch, self._events, self._phase = work, launch, events, phase
-
-    def wait(self, *args, **kwargs):
-        self._events.append(("wait", self._launch, self._phase[0]))
-        return self._work.wait(*args, **kwargs)
-
-    def get_future(self):
-        # A future waited on is a wait too (torch.futures.wait_all, .then): when, unknown.
-        self._events.append(("wait", self._launch, "finish"))
-        return self._work.get_future()
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-@contextmanager
-def _watched(events: list, phase: List[str], handles: Optional[list] = None
-             ) -> Iterator[None]:
-    """Record every dist.all_reduce (elements, async_op, the phase of the step it was
-    launched in) in both namespaces a cell reaches it through; restore it afterwards.
-    ``handles`` gets (launch number, a weak reference to the handle the learner got)."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    original = distributed_c10d.all_reduce
-
-    def all_reduce(tensor, *args, **kwargs):
-        asynchronous = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
-        launch = sum(1 for event in events if event[0] == "launch")
-        events.append(("launch", int(tensor.numel()), asynchronous, phase[0]))
-        work = original(tensor, *args, **kwargs)
-        if not asynchronous or work is None:
-            return work
-        handle = _Handle(work, launch, events, phase)
-        if handles is not None:
-            handles.append((launch, weakref.ref(handle)))
-        return handle
-
-    saved = [(module, module.all_reduce) for module in (dist, distributed_c10d)]
-    for module, _ in saved:
-        module.all_reduce = all_reduce
-    try:
-        yield
-    finally:
-        for module, function in saved:
-            module.all_reduce = function
-
-
 def _ddp_run(rank: int, world_size: int) -> dict:
     """torch's DDP on the checker's model: the reference, run first on every rank."""
     import torch
@@ -575,7 +521,7 @@ def _learner_run(namespace: dict, name: str, args: tuple, rank: int, world_size:
     events: list = []
     phase = ["init"]
     handles: list = []
-    with _watched(events, phase, handles):
+    with watched("all_reduce", events, phase, handles):
         learner(namespace, name)  # says "not answered" when the cell defines no such class
         wrapper = _mine(namespace[name], name, cell_file)(model, *args)
         start = _flat(model.parameters())

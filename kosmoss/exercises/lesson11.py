@@ -13,6 +13,7 @@ from typing import Iterator, List
 
 from .core import Exercise, Mistake, failed, learner, passed
 from .tolerance import FLOAT32_UNIT, gamma
+from .watch import watched
 
 LR, MOMENTUM = 0.1, 0.9
 
@@ -359,6 +360,8 @@ def zero1_step(params, state, lr):
                                                "kept between calls"),
     "contiguous blocks, not i % world_size": Mistake(_zero(owner="index // per_rank"),
                                                      "i % world_size"),
+    "asynchronous broadcasts never waited on": Mistake(_zero(src="owner, async_op=True"),
+                                                       "before waiting on"),
 }
 
 ZERO_STEPS = 3
@@ -434,17 +437,29 @@ def zero_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     order = [next(i for i, q in enumerate(model.parameters()) if q is p) for p in params]
     state: dict = {}
     step = learner(namespace, "zero1_step")
-    weights = []
-    for index in range(ZERO_STEPS):
-        _set_gradients(model, index)
-        step(params, state, LR)
-        weights.append(_flat(model))
+    weights, events, phase = [], [], ["before"]
+    with watched("broadcast", events, phase):
+        for index in range(ZERO_STEPS):
+            _set_gradients(model, index)
+            phase[0] = f"step {index}"
+            step(params, state, LR)
+            phase[0] = "returned"
+            weights.append(_flat(model))
     kept = {i: _tensor_elements(value) for i, value in state.items()} if isinstance(
         state, dict) else {}
     grads = {p.grad.data_ptr() for p in params if p.grad is not None}
     return {"weights": weights, "kept": _tensor_elements(state), "kept_by_key": kept,
             "sizes": [p.numel() for p in params], "order": order,
-            "aliased": _holds_tensor(state, grads)}
+            "aliased": _holds_tensor(state, grads), "unwaited": _unwaited(events)}
+
+
+def _unwaited(events: list) -> int:
+    """Asynchronous broadcasts not waited on in the call that launched them."""
+    launches = [event for event in events if event[0] == "launch"]
+    waited = {(event[1], event[2]) for event in events if event[0] == "wait"}
+    return sum(1 for launch, (_, _, asynchronous, phase) in enumerate(launches)
+               if asynchronous and (launch, phase) not in waited
+               and (launch, "finish") not in waited)
 
 
 def _holds_tensor(value, pointers: set) -> bool:
@@ -462,6 +477,13 @@ def _holds_tensor(value, pointers: set) -> bool:
 
 def zero_judge(ranks: List[dict]) -> tuple:
     n = len(ranks)
+    for rank, result in enumerate(ranks):
+        if result["unwaited"]:
+            return failed(f"rank {rank} returned from zero1_step before waiting on "
+                          f"broadcasts it launched with async_op=True ({result['unwaited']} "
+                          f"over {ZERO_STEPS} calls): until then a parameter may not have "
+                          "arrived, and the next forward reads it (right or wrong by luck) "
+                          "— wait on every handle (handle.wait()) before the step returns")
     expected = sgd_trajectory("float64")
     tolerance = zero_tolerance()
     final = [r["weights"][-1] for r in ranks]
@@ -603,6 +625,11 @@ ROW_WRONG = {
     dist.reduce(partial, dst=0)
     return partial + bias
 """), "leaves the sum on one rank only"),
+    "all-reduced in float16 to halve the bytes": Mistake(_row("""\
+    partial = (h_local @ weight_local.T).half()
+    dist.all_reduce(partial)
+    return partial.float() + bias
+"""), "16-bit float's rounding"),
     "outputs gathered, as a column-parallel layer would": Mistake(_row("""\
     partial = h_local @ weight_local.T + bias
     pieces = [torch.empty_like(partial) for _ in range(dist.get_world_size())]
@@ -638,14 +665,14 @@ def _collectives_called(seen: List[tuple]) -> Iterator[None]:
     for name in ROW_COLLECTIVES:
         original = getattr(distributed_c10d, name)
 
-        def watched(*args, _name=name, _original=original, **kwargs):
+        def recorded(*args, _name=name, _original=original, **kwargs):
             tensor = args[0] if args else None
             seen.append((_name, int(tensor.numel()) if hasattr(tensor, "numel") else -1))
             return _original(*args, **kwargs)
 
         for module in (dist, distributed_c10d):
             saved.append((module, name, getattr(module, name)))
-            setattr(module, name, watched)
+            setattr(module, name, recorded)
     try:
         yield
     finally:
@@ -722,6 +749,9 @@ def _row_values(got, exact, tolerance, h, weight, bias, rank: int, n: int):
         return (f"rank {rank} returned {shape}, the layer's output is {tuple(exact.shape)}: "
                 "a row-parallel layer sums its ranks' partial products (each of the whole "
                 "output's shape), it does not concatenate them")
+    if got.dtype != h.dtype:
+        return (f"rank {rank} returned {got.dtype}, the layer's inputs are {h.dtype}: the "
+                "next layer expects the dtype it was given — keep the output in float32")
     gap = (got.double() - exact).abs()
     if float((gap - tolerance).max()) <= 0:
         return None
@@ -744,6 +774,10 @@ def _row_why(got, exact, bias, n: int) -> str:
     if close(got, (exact - bias) / n + bias):
         return (f": the sum divided by {n} — the partial products add up to the output; do "
                 "not average them as data parallelism averages gradients")
+    if bool(torch.allclose(got, exact, rtol=2 ** -7, atol=2 ** -7 * float(exact.abs().max()))):
+        return (": off by a 16-bit float's rounding (float16 keeps 11 bits, bfloat16 8) — the "
+                "product or the all-reduce ran in half precision; keep the partial output in "
+                "float32, the layer's dtype")
     return (": it is not the sum over the ranks — a partial sum of this rank's features "
             "only? all-reduce the partial output, so that every rank holds the sum")
 

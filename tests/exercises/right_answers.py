@@ -375,6 +375,21 @@ def zero1_step(params, state, lr):
             param.data -= lr * state[index]
     for index, param in enumerate(params):
         dist.broadcast(param.data, src=index % world)
+''', '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):  # every broadcast launched at once, then all waited on
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for index in range(rank, len(params), world):
+            buf = state.setdefault(index, torch.zeros_like(params[index]))
+            buf.mul_(0.9).add_(params[index].grad)
+            params[index].sub_(lr * buf)
+        handles = [dist.broadcast(p, src=i % world, async_op=True) for i, p in enumerate(params)]
+        for handle in handles:
+            handle.wait()
 '''],
     "12.step_time": ['''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
