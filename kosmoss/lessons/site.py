@@ -490,13 +490,14 @@ def _stopping_client(base):
     signal stops the command, and :meth:`end_kernel` shuts the kernel down."""
 
     class StoppingClient(base):
-        @contextlib.asynccontextmanager
-        async def async_setup_kernel(self, **kwargs):
-            async with super().async_setup_kernel(**kwargs):
-                loop = asyncio.get_running_loop()
-                for number in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(number, _stop, number)  # in place of nbclient's
-                yield
+        async def async_start_new_kernel(self, **kwargs):
+            # nbclient sets its handlers just before starting the kernel: replaced here, not
+            # once the kernel is ready, a signal while it starts would leave execute() with
+            # no client (nbclient's handler drops it) and fail on an assert, not stop
+            loop = asyncio.get_running_loop()
+            for number in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(number, _stop, number)
+            await super().async_start_new_kernel(**kwargs)
 
         def end_kernel(self) -> None:
             """SIGKILL to the kernel's process group (what its cells started too): shut down
