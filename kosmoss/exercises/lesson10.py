@@ -9,7 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import List
 
-from .core import TENSOR_HINT, Exercise, LearnerRaised, Mistake, failed, learner, passed
+from .core import (TENSOR_HINT, Exercise, LearnerRaised, Mistake, failed, is_tensor, learner,
+                   passed)
 
 # ---------------------------------------------------------------- 10.sum_stats
 
@@ -150,10 +151,12 @@ def sum_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     given = dict(stats)
     got = learner(namespace, "sum_stats")(given)
     got = dict(got)
+    odd = {str(k): v for k, v in got.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float))}
     return {"got": {str(k): float(v) for k, v in got.items()}, "order": _order(rank),
             "changed_input": given != stats,
-            "not_floats": {str(k): repr(v) for k, v in got.items()
-                           if isinstance(v, bool) or not isinstance(v, (int, float))}}
+            "not_floats": {k: repr(v) for k, v in odd.items()},
+            "tensors": sorted(k for k, v in odd.items() if is_tensor(v))}
 
 
 def sum_judge(ranks: List[dict]) -> tuple:
@@ -173,7 +176,7 @@ def sum_judge(ranks: List[dict]) -> tuple:
         if result["not_floats"]:
             name, shown = next(iter(result["not_floats"].items()))
             return failed(f"the right sums, but rank {rank}'s {name!r} is {shown}: "
-                          f"{TENSOR_HINT if shown.startswith('tensor(') else _NOT_FLOAT}")
+                          f"{TENSOR_HINT if name in result['tensors'] else _NOT_FLOAT}")
     if any(result.get("changed_input") for result in ranks):
         return failed("the right sums, but written into the caller's stats: return a new dict "
                       "— a caller that adds this rank's next batches to its stats and reduces "
