@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import gc
 import os
 import pickle
 import re
@@ -338,9 +339,11 @@ def main(scratch: str, rank: int) -> None:
                               timeout=timedelta(seconds=START_ALLOWANCE_S))
     done: List[Outcome] = []
     _write(folder, rank, done)
+    gc.freeze()
     for index, task in enumerate(job["tasks"]):
         done.append(_run_task(task, index, rank, store, job["collective_s"]))
         _mark_end(index)
+        _set_aside_what_came_before()
         if task.world_size:
             _barrier(store, index, processes)
         _write(folder, rank, done)
@@ -384,6 +387,16 @@ def _torchrun_variables(rank: int, world_size: int):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _set_aside_what_came_before() -> None:
+    """What a task left in reference cycles (a learner's DDP, its process group's sockets)
+    ends now, and the rest is frozen out of the collector's sight: a checker's
+    ``gc.collect()`` (lesson 9b's, after each step, to tell a dropped handle from a kept
+    one) then scans only its own task's objects, not torch's: 0.04 s a task instead of
+    1.7 s, measured on 09b.buckets's reference."""
+    gc.collect()
+    gc.freeze()
 
 
 def _barrier(store, index: int, processes: int) -> None:
