@@ -33,6 +33,31 @@ def pytest_xdist_node_collection_finished(node, ids):
                     "python -m pytest -m whole_machine", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+MUNGED_BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[MUNGED_BEFORE] = _munged()
+
+
+def pytest_sessionfinish(session):
+    """The munged the Slurm tests started (kosmoss starts it as a service would, to outlive
+    a run) ends with the suite: the machine is left with the daemons it had."""
+    if hasattr(session.config, "workerinput"):  # pytest-xdist: the controller ends it
+        return
+    for pid in _munged() - session.config.stash.get(MUNGED_BEFORE, set()):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def _munged() -> set:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "munged"}
+
+
 def _test_folder(nodeid: str) -> str:
     """"lessons" for tests/lessons/test_lessons.py::..., "" for a test file in tests/."""
     path = nodeid.split("::")[0].split("/")

@@ -158,7 +158,9 @@ def node_command(host: hosts.Host, argv: Sequence[str]) -> List[str]:
 def start_munge() -> None:
     """munged, as Debian's service starts it, where no service manager did: the daemons of
     every host share its socket under /run/munge (one mount namespace's files)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
+    # `munge -n` asks the daemon for a credential: pgrep would also find one that has
+    # exited and is not yet reaped, and leave Slurm without one.
+    if subprocess.run(["munge", "-n"], capture_output=True).returncode == 0:
         return
     if not MUNGE_KEY.exists():
         subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
