@@ -23,9 +23,10 @@ next exercises are still checked, in a new launch):
   (what the processes print is never shown: a checker answers in one line; the last
   :data:`TAIL_BYTES` of stderr are kept to explain a crash).
 
-Each check at one world size gets its own process group (a prefix of one TCPStore),
-destroyed afterwards; all processes meet at a barrier after it, so a rank that waits
-for the next check never waits on a slow one. Every process writes its outcomes to a file
+Each check at one world size gets its own process group (a prefix of one TCPStore, whose
+port rank 0 gets from the kernel and writes down for the others), destroyed afterwards;
+all processes meet at a barrier after it, so a rank that waits for the next check never
+waits on a slow one. Every process writes its outcomes to a file
 after each check, so what finished comes back when a later check is stopped.
 """
 from __future__ import annotations
@@ -122,10 +123,8 @@ def _tasks(items: Sequence[Tuple[Any, str]]) -> List[Task]:
 def _launch(tasks: List[Task], collective_s: float, exercise_s: float):
     """One launch for ``tasks``: (every rank's outcomes of each task finished, in order;
     (item, why) of the exercise that stopped the launch, or None)."""
-    from ..launch.ports import free_port
-
     processes = max([task.world_size for task in tasks] + [1])
-    job = {"processes": processes, "port": free_port(), "parent": os.getpid(),
+    job = {"processes": processes, "parent": os.getpid(),
            "collective_s": collective_s, "tasks": tasks}
     with tempfile.TemporaryDirectory(prefix="kosmoss-check-") as folder:
         scratch = Path(folder)
@@ -329,14 +328,10 @@ def main(scratch: str, rank: int) -> None:
     job = pickle.loads((folder / "job.pkl").read_bytes())
     _die_with_parent(job["parent"])
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
     processes = job["processes"]
-    store = None
-    if processes > 1:
-        store = dist.TCPStore("127.0.0.1", job["port"], processes, is_master=rank == 0,
-                              timeout=timedelta(seconds=START_ALLOWANCE_S))
+    store = _meet(folder, rank, processes) if processes > 1 else None
     done: List[Outcome] = []
     _write(folder, rank, done)
     gc.freeze()
@@ -347,6 +342,29 @@ def main(scratch: str, rank: int) -> None:
         if task.world_size:
             _barrier(store, index, processes)
         _write(folder, rank, done)
+
+
+def _meet(folder: Path, rank: int, processes: int):
+    """The launch's store: rank 0 listens on a port the kernel picks and writes it down,
+    the others read it. A port picked free by the checker beforehand could be taken (by
+    another launch, or as a connection's local port) before rank 0, seconds later, bound it."""
+    import torch.distributed as dist
+
+    allowance = timedelta(seconds=START_ALLOWANCE_S)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, processes, is_master=True,
+                              wait_for_workers=False, timeout=allowance)
+        partial = folder / "port.tmp"
+        partial.write_text(str(store.port))
+        partial.replace(folder / "port")
+        return store
+    deadline = time.monotonic() + START_ALLOWANCE_S
+    while not (folder / "port").is_file():
+        if time.monotonic() > deadline:
+            sys.exit(f"rank 0 did not start its store within {START_ALLOWANCE_S:.0f} s")
+        time.sleep(0.05)
+    port = int((folder / "port").read_text())
+    return dist.TCPStore("127.0.0.1", port, processes, is_master=False, timeout=allowance)
 
 
 def _run_task(task: Task, index: int, rank: int, store, collective_s: float) -> Outcome:

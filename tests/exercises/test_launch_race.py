@@ -3,6 +3,8 @@ whether the rank has ended. A rank that finished its last task and exited betwee
 was taken for one that died early: "the checker's process 1 exited with ..." against an
 answer it should have judged, the rank's last line gloo's at the teardown (seen once, 2
 cores)."""
+import pytest
+
 from kosmoss.exercises import distributed
 from kosmoss.exercises.distributed import Task
 
@@ -67,3 +69,20 @@ def test_of_ranks_ended_together_the_cause_is_named_not_the_peers_it_took_down()
     assert distributed._ended([_Ended(1), _Ended(1)], [0, 0], 1,
                               [(_Said(""), _Said(PEER))] * 2) == (0, 1)  # no better guess
     assert distributed._ended([_Ended(1), _Ended(0)], [1, 0], 1, tails) == (1, 0)  # 0 finished
+
+
+def test_the_ranks_meet_on_the_port_rank_0_was_given_by_the_kernel(tmp_path):
+    """No port is picked free beforehand (another launch, or a connection's local port,
+    could take it before rank 0 binds it): rank 0 listens on port 0 and writes down the
+    port it got; the others read it."""
+    first = distributed._meet(tmp_path, 0, 2)
+    assert int((tmp_path / "port").read_text()) == first.port > 0
+    second = distributed._meet(tmp_path, 1, 2)
+    second.set("from rank 1", "seen")
+    assert first.get("from rank 1") == b"seen"
+
+
+def test_a_rank_whose_rank_0_never_wrote_its_port_gives_up_saying_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(distributed, "START_ALLOWANCE_S", 0.3)
+    with pytest.raises(SystemExit, match="rank 0 did not start its store within"):
+        distributed._meet(tmp_path, 1, 2)
