@@ -26,8 +26,8 @@ next exercises are still checked, in a new launch):
 Each check at one world size gets its own process group (a prefix of one TCPStore, whose
 port rank 0 gets from the kernel and writes down for the others), destroyed afterwards;
 all processes meet at a barrier after it, so a rank that waits for the next check never
-waits on a slow one. Every process writes its outcomes to a file
-after each check, so what finished comes back when a later check is stopped.
+waits on a slow one. Every process writes its outcomes to a file after each check, so what
+finished comes back when a later check is stopped.
 """
 from __future__ import annotations
 
