@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import psutil
 
 from ..core.errors import UsageError
-from ..launch.ports import port_holders
+from ..launch.ports import TORCHRUN_PORT, port_holders
 from ..launch.records import FINISHED, RUNNING, STOPPED, ProcessId
 from .gpu import GpuUse, gpu_processes
 from .members import Member, RunRecord, find_members, is_mine, protected_pids, user_of
@@ -28,7 +28,6 @@ WORKER_ORPHANED, NOT_EXITED = "worker-orphaned", "not-exited"
 GPU_MEMORY, PORT, NAMED = "gpu-memory", "port", "named"
 
 
-TORCHRUN_PORT = 29500  # torchrun's default MASTER_PORT, which many scripts copy
 
 
 KOSMOSS_GHOSTS = (LAUNCHER_GONE, RUN_ENDED, PEER_DIED, WORKER_ORPHANED, NOT_EXITED)

@@ -3,8 +3,10 @@ it before anything starts on it."""
 from __future__ import annotations
 
 import os
+import random
 import socket
-from typing import List, Optional
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 import psutil
 
@@ -12,10 +14,32 @@ from ..core.errors import UsageError
 from .topology import Launcher, Topology
 
 
+TORCHRUN_PORT = 29500  # torchrun's default MASTER_PORT: `kosmoss ghosts` flags its holder
+LOWEST_PICKED = 15000  # above the well-known services a machine may run
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port nobody listens on, for ranks that bind it seconds later (after importing torch).
+    Picked below the kernel's ephemeral range, not by binding port 0 as Lightning's
+    ``find_free_network_port`` does: meanwhile a connection's local port (gloo opens one per
+    pair of ranks) is drawn from that range and could take it."""
+    low, _ = ephemeral_ports()
+    candidates = [port for port in range(LOWEST_PICKED, low) if port != TORCHRUN_PORT]
+    for port in random.sample(candidates, min(len(candidates), 64)):
+        if port_is_free(port):
+            return port
+    with socket.socket() as sock:  # a range made tiny, or all taken: the kernel picks
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> Tuple[int, int]:
+    """The range the kernel draws connections' local ports from (Linux's default where unread)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def check_master_port(topology: Topology) -> None:
