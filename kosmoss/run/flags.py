@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, FrozenSet
 
+from ..core import paths
 from ..core.errors import ConfigError
-from ..data import MODES
+from ..data import MODES, presets
 from ..data.presets import DEFAULT_PRESET
 from ..devices.policy import MachineGpu
 from ..scaling.arithmetic import LR_RULES
@@ -176,4 +177,17 @@ def checked_config(args: argparse.Namespace, *, machine: MachineGpu, use_gpu: bo
     torch and Lightning are imported (seconds)."""
     config = config_from_args(args, machine=machine, use_gpu=use_gpu)
     validate(config)
+    check_dataset_named(config)
     return config
+
+
+def check_dataset_named(config: RunConfig) -> None:
+    """--dataset names a preset, a dataset under $KOSMOSS_HOME/data or a complete dataset
+    folder: a typo is one line in a fraction of a second, not after Lightning's import (five
+    seconds here, on every rank). The run checks it again, whole (sizes, checksums)."""
+    if config.resume:  # the stopped run's dataset: its resume checks it
+        return
+    name = config.dataset
+    if name in presets.PRESETS and not (paths.data_root() / name).exists():
+        return  # a preset not prepared yet: the run prepares it
+    presets.resolve(name, prepare_missing=False, verify=False)
