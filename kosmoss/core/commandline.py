@@ -11,7 +11,7 @@ import time
 from typing import Callable, Iterator, List, Mapping, Optional
 
 from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted, RunFailed,
-                     UsageError)
+                     UsageError, name_too_long)
 from .signals import restore
 
 
@@ -62,6 +62,12 @@ def run_command(prog: str, command: Callable[[], object],
     except RunFailed as err:
         print(f"{prog}: failed: {err}", file=sys.stderr)
         return EXIT_FAILURE
+    except OSError as err:  # a name too long, wherever a command first looks it up
+        too_long = name_too_long(err)
+        if too_long is None:
+            raise
+        _say(f"{prog}: error: {too_long}")
+        return EXIT_USAGE
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM under stop_signals_unwind()
         stop = stop if isinstance(stop, Interrupted) else Interrupted()
         _say(f"{prog}: stopped by {signal.Signals(stop.signal_number).name}"

@@ -6,8 +6,10 @@ own words (``--batch-size``) with :meth:`ConfigError.in_terms_of`.
 """
 from __future__ import annotations
 
+import errno
+import os
 import signal
-from typing import Mapping
+from typing import Mapping, Optional
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -31,6 +33,18 @@ class ConfigError(UsageError):
 
 class DatasetError(UsageError):
     """A dataset that is missing, incomplete or corrupted."""
+
+
+def name_too_long(err: OSError) -> Optional[UsageError]:
+    """The one line for a path the file system refused as too long (a name over 255 bytes,
+    a path over 4096): always the input's doing, found on lookup, before anything is
+    written. None for any other OSError."""
+    if err.errno != errno.ENAMETOOLONG:
+        return None
+    given = os.fsdecode(err.filename) if err.filename is not None else ""
+    shown = given if len(given) <= 80 else f"{given[:40]}...{given[-20:]}"
+    return UsageError(f"{shown!r} ({len(given)} characters): {err.strerror}; give a shorter "
+                      "name or path")
 
 
 class RunFailed(Exception):

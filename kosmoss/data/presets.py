@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core import paths
-from ..core.errors import UsageError
+from ..core.errors import UsageError, name_too_long
 from .catalog import DEFAULT_PRESET, PRESETS, Preset, request_difference
 from .store import PreparedDataset, open_dataset, prepare
 
@@ -63,6 +63,11 @@ def resolve(
         return open_dataset(folder, verify=verify, trust_unchanged=trust_unchanged)
     except UsageError as err:
         raise type(err)(f"{flag} {spec}: {err}") from None
+    except OSError as err:  # a name or path over the file system's limits: shown shortened
+        too_long = name_too_long(err)
+        if too_long is None:
+            raise
+        raise UsageError(f"{flag}: {too_long}") from None
 
 
 def _check_preset(dataset: PreparedDataset, preset: Preset) -> None:

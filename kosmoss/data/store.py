@@ -44,7 +44,7 @@ from typing import Callable, Iterator, List, Optional
 import numpy as np
 import psutil
 
-from ..core.errors import DatasetError, RunFailed
+from ..core.errors import DatasetError, RunFailed, name_too_long
 from ..core.files import atomic_write_json, free_bytes, nearest_existing, read_json
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
@@ -180,6 +180,9 @@ def _check_room(source: ColumnSource, dest: Path) -> None:
 
 
 def _write_error(dest: Path, err: OSError) -> Exception:
+    too_long = name_too_long(err)
+    if too_long is not None:  # --name or --out: the input's, not a failure
+        return too_long
     where = f"{err.filename}: " if err.filename else ""
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return DatasetError(f"{dest}: cannot be written ({where}{err.strerror}); nothing "

@@ -67,6 +67,39 @@ def test_usage_errors_come_before_torch_is_imported(args, names):
     assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
 
 
+LONG_NAME = "a" * 300  # over NAME_MAX (255 bytes) of Linux's file systems
+LONG_PATH = "/".join(["a"] * 2100)  # short names, over PATH_MAX (4096) in all
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["trainup_cpu.py", "--dataset", LONG_NAME], "--dataset: "),
+    (["trainup_gpu.py", "--dataset", LONG_PATH], "--dataset: "),
+    (["trainup_cpu.py", "--resume", LONG_NAME], ""),
+    (["-m", "kosmoss", "data", "info", LONG_NAME], "dataset: "),
+    (["-m", "kosmoss", "data", "info", LONG_PATH], ""),
+    (["-m", "kosmoss", "data", "prepare", "tiny", "--name", LONG_NAME], ""),
+    (["-m", "kosmoss", "data", "prepare", "tiny", "--out", f"{LONG_NAME}/tiny"], ""),
+    (["-m", "kosmoss", "stacks", LONG_NAME], ""),
+    (["-m", "kosmoss", "watch", LONG_PATH], ""),
+    (["-m", "kosmoss", "lessons", "--dest", LONG_NAME], ""),
+])
+def test_a_name_too_long_for_the_file_system_is_one_line_and_writes_nothing(args, flag,
+                                                                              tmp_path):
+    """Each was an OSError traceback (ENAMETOOLONG) from the first lookup of the path."""
+    home = tmp_path / "home"
+    for folder in ("data", "runs"):  # looked in, not only found missing
+        (home / folder).mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, *[REPO / a if a.endswith(".py") else a for a in args]],
+                          cwd=tmp_path, env={**os.environ, "KOSMOSS_HOME": str(home)},
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"error: {flag}'" in lines[0] and "characters): File name too long; give a " \
+        "shorter name or path" in lines[0] and len(lines[0]) < 250, lines[0]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("variables", [{"LOCAL_RANK": "x", "WORLD_SIZE": "2"},
                                        {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "two"},
                                        {"RANK": ""}, {"NODE_RANK": "-1"}])
