@@ -38,7 +38,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..core.commandline import OneLineParser
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
-from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
+from ..data.loading import FlattenedDataset, RankBatchSampler, split_indices
+from ..data.splits import SPLITS
 from ..data.store import PreparedDataset, open_dataset
 from ..devices.memory import peak_host_rss_mib
 from ..model import LitMLP

@@ -78,7 +78,8 @@ def _rank(rank: int, variant: Variant, port: int, dataset: str, batch_size: int,
     import torch.distributed as dist
 
     from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
-    from ..data.loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
+    from ..data.loading import FlattenedDataset, RankBatchSampler, split_indices
+    from ..data.splits import SPLITS
     from ..data.store import open_dataset
     from ..launch.spawn import leave_rank, write_result
     from ..model import LitMLP

@@ -52,7 +52,8 @@ from ..core.commandline import OneLineParser, run_command
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import UsageError
 from ..core.files import atomic_write_json
-from ..data.loading import SPLITS, split_indices
+from ..data.loading import split_indices
+from ..data.splits import SPLITS
 from ..data.store import open_dataset
 from ..run.graphs import bf16_inputs
 from ..run.throughput import StepClock

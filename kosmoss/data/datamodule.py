@@ -8,7 +8,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from .loading import SPLITS, FlattenedDataset, RankBatchSampler, split_indices
+from .loading import FlattenedDataset, RankBatchSampler, split_indices
+from .splits import SPLITS
 from .store import PreparedDataset, open_dataset
 
 STAGES = ("train", "val", "test")

@@ -191,8 +191,6 @@ class FlattenedDataset(Dataset):
             x, y = x[back], y[back]
         return x, y
 
-SPLITS = (0.8, 0.1, 0.1)  # train, val, test: the one definition every layer uses
-
 
 def split_indices(n: int, fractions: Sequence[float], seed: int) -> List[np.ndarray]:
     """Seeded split of ``range(n)``; sizes always add up to ``n`` (torch's

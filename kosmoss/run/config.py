@@ -183,6 +183,15 @@ def check_hosts(hosts: str, num_nodes: Optional[int], link_rate: Optional[str]) 
     host_sets.check_no_leftovers()
 
 
+def check_batch_fits(dataset: str, train_rows: int, global_batch_size: int) -> None:
+    """A global batch no epoch can fill: the flags check it before torch is imported, the
+    plan again (from the same split sizes, kosmoss.data.splits)."""
+    if train_rows < global_batch_size:
+        raise ConfigError("batch_size", f"{{field}} {global_batch_size} is larger than the "
+                          f"{train_rows} training samples of the dataset {dataset}: use a smaller "
+                          "batch or a larger dataset")
+
+
 def check_home_writable() -> None:
     """A run writes under $KOSMOSS_HOME/runs: a home that cannot be written is said before
     anything starts (not as a traceback once the data has loaded)."""

@@ -11,9 +11,10 @@ from ..core import paths
 from ..core.errors import ConfigError
 from ..data import MODES, presets
 from ..data.presets import DEFAULT_PRESET
+from ..data.splits import split_sizes
 from ..devices.policy import MachineGpu
 from ..scaling.arithmetic import LR_RULES
-from .config import HOSTS, PRECISIONS, STRATEGIES, RunConfig, validate
+from .config import HOSTS, PRECISIONS, STRATEGIES, RunConfig, check_batch_fits, validate
 
 DEFAULTS = RunConfig()
 # Every field whose flag is not simply --field-with-dashes.
@@ -183,11 +184,13 @@ def checked_config(args: argparse.Namespace, *, machine: MachineGpu, use_gpu: bo
 
 def check_dataset_named(config: RunConfig) -> None:
     """--dataset names a preset, a dataset under $KOSMOSS_HOME/data or a complete dataset
-    folder: a typo is one line in a fraction of a second, not after Lightning's import (five
-    seconds here, on every rank). The run checks it again, whole (sizes, checksums)."""
+    folder, and --batch-size fits in its training rows: a typo is one line in a fraction of a
+    second, not after Lightning's import (five seconds here, on every rank). The run checks
+    it again, whole (sizes, checksums)."""
     if config.resume:  # the stopped run's dataset: its resume checks it
         return
     name = config.dataset
     if name in presets.PRESETS and not (paths.data_root() / name).exists():
         return  # a preset not prepared yet: the run prepares it
-    presets.resolve(name, prepare_missing=False, verify=False)
+    found = presets.resolve(name, prepare_missing=False, verify=False)
+    check_batch_fits(name, split_sizes(found.n_samples)[0], config.batch_size)

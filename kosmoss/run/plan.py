@@ -20,8 +20,8 @@ from .. import launch
 from ..core import paths
 from ..core.errors import ConfigError
 from ..data import presets
-from ..data.loading import (SPLITS, batches_per_epoch, chosen_mode, dataset_bytes,
-                            split_indices)
+from ..data.loading import batches_per_epoch, chosen_mode, dataset_bytes
+from ..data.splits import SPLITS, split_sizes
 from ..data.stats import Statistics
 from ..data.store import PreparedDataset
 from ..devices.cpus import default_num_workers
@@ -36,7 +36,7 @@ from ..scaling.arithmetic import plan as plan_scaling
 from ..scaling.arithmetic import warmup_factor
 from . import memory, resume
 from .chunks import steps_per_execution
-from .config import COLLECTIVE_TIMEOUT_S, RunConfig, validate
+from .config import COLLECTIVE_TIMEOUT_S, RunConfig, check_batch_fits, validate
 from .preemption import CHECKPOINT as PREEMPTED
 
 
@@ -117,7 +117,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
                            base_batch_size=config.base_batch_size,
                            warmup_steps=config.warmup_steps)
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
-    sizes = _split_sizes(dataset, config.seed)
+    sizes = _split_sizes(dataset)
     _check_fits(config.dataset, sizes, scaling)
     statistics = dataset.statistics()  # read once: both checks below need it
     _check_numbers(config.dataset, statistics)
@@ -236,9 +236,9 @@ def _check_workers(num_workers: int, rank: memory.MemoryNeed, dataset: PreparedD
     memory.check_workers(num_workers, workers, rank_host, rank.runtime, ranks_on_host)
 
 
-def _split_sizes(dataset: PreparedDataset, seed: int) -> Dict[str, int]:
-    parts = split_indices(dataset.n_samples, SPLITS, seed)
-    return {stage: len(part) for stage, part in zip(("train", "val", "test"), parts)}
+def _split_sizes(dataset: PreparedDataset) -> Dict[str, int]:
+    """Each split's rows (the seed draws which rows, not how many)."""
+    return dict(zip(("train", "val", "test"), split_sizes(dataset.n_samples, SPLITS)))
 
 
 def _check_numbers(name: str, statistics: Statistics) -> None:
@@ -259,10 +259,7 @@ def _check_fits(dataset: str, sizes: Dict[str, int], scaling: ScalingPlan) -> No
             raise ConfigError("dataset", f"{{field}} {dataset}: its {stage} split has {rows} "
                               f"row(s) for {world} ranks ({each} each): use a larger dataset "
                               "or fewer processes")
-    if sizes["train"] < scaling.global_batch_size:
-        raise ConfigError("batch_size", f"{{field}} {scaling.global_batch_size} is larger than "
-                          f"the {sizes['train']} training samples of the dataset: use a smaller "
-                          "batch or a larger dataset")
+    check_batch_fits(dataset, sizes["train"], scaling.global_batch_size)
 
 
 def new_run_id() -> str:

@@ -19,7 +19,7 @@ import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from ..core.errors import RunFailed
-from ..data.loading import SPLITS
+from ..data.splits import SPLITS
 from ..diagnose.hang import (StartupCheck, dump_stacks, flight_recorder_env,
                              is_collective_timeout, timeout_line, who_hangs)
 from ..diagnose.heartbeat import Heartbeat

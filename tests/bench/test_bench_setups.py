@@ -7,7 +7,7 @@ import pytest
 
 from kosmoss.bench import baselines, setups
 from kosmoss.bench.setups import BY_ID, MATRIX, Machine, Plan, command, skip_reason
-from kosmoss.data.loading import SPLITS
+from kosmoss.data.splits import SPLITS
 
 GIB = 2**30
 

@@ -24,7 +24,8 @@ import pytorch_lightning as pl
 import torch
 from helpers import REPO
 
-from kosmoss.data.loading import SPLITS, RankBatchSampler, split_indices
+from kosmoss.data.loading import RankBatchSampler, split_indices
+from kosmoss.data.splits import SPLITS
 from kosmoss.data.store import open_dataset
 
 STOP_STEP_ENV, STOP_SIGNAL_ENV, STOP_WHERE_ENV = "STOP_STEP", "STOP_SIGNAL", "STOP_WHERE"

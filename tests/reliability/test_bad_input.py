@@ -67,6 +67,23 @@ def test_usage_errors_come_before_torch_is_imported(args, names):
     assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
 
 
+@pytest.mark.parametrize("launcher, extra", [
+    ("trainup_cpu.py", []), ("trainup_gpu.py", ["--gpus", "2"]),
+    ("trainup_cpu.py", ["--num-processes", "2", "--num-nodes", "2"])])
+def test_a_batch_larger_than_the_training_rows_is_refused_before_torch(shared_home, launcher,
+                                                                     extra):
+    """Read from the dataset's metadata.json and the split's sizes (kosmoss.data.splits):
+    0.3 s where the plan's own check came after Lightning's import (5 to 8 s)."""
+    tiny = shared_home / "data" / "tiny"
+    batch = 1640 + 4  # tiny's 2,048 rows hold 1,639 training rows; the batch divides by 4
+    proc, modules, errors = _imported_modules([launcher, "--dataset", str(tiny),
+                                               "--batch-size", str(batch), *extra])
+    assert proc.returncode == 2 and len(errors) == 1, errors
+    assert f"--batch-size {batch} is larger than the 1639 training samples of the dataset " \
+        f"{tiny}" in errors[0]
+    assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
+
+
 LONG_NAME = "a" * 300  # over NAME_MAX (255 bytes) of Linux's file systems
 LONG_PATH = "/".join(["a"] * 2100)  # short names, over PATH_MAX (4096) in all
 

@@ -17,7 +17,8 @@ from fault_helpers import LEAKED, end_all, exit_code, heartbeat_steps, trained, 
 from helpers import REPO
 from stops import Finished, batches_per_epoch, compare, run_script
 
-from kosmoss.data.loading import SPLITS, split_indices
+from kosmoss.data.loading import split_indices
+from kosmoss.data.splits import SPLITS
 from kosmoss.data.store import open_dataset
 
 pytestmark = pytest.mark.slow

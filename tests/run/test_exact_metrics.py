@@ -12,7 +12,8 @@ import torch
 
 from helpers import REPO
 from kosmoss.data.datamodule import FlattenedDataModule
-from kosmoss.data.loading import SPLITS, FlattenedDataset, split_indices
+from kosmoss.data.loading import FlattenedDataset, split_indices
+from kosmoss.data.splits import SPLITS
 from kosmoss.data.sources import SyntheticSource
 from kosmoss.data.store import prepare
 from kosmoss.model import LitMLP
