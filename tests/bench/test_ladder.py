@@ -161,7 +161,7 @@ def test_one_rung_at_one_batch_is_written_as_a_bench_row(dataset, tmp_path):
     assert row["limit_samples_per_s"] is None and row["costs"]["bytes_per_sample"] > 0
 
 
-@pytest.mark.parametrize("argv, flag", [
+BAD_INPUT = [
     (["--rungs", "graphs"], "--rungs graphs"),
     (["--rungs", "tf32"], "--rungs tf32"),
     (["--also", "tf32"], "--also tf32"),
@@ -170,8 +170,22 @@ def test_one_rung_at_one_batch_is_written_as_a_bench_row(dataset, tmp_path):
     (["--steps", "3"], "--steps 3"),
     (["--batch-size", "0"], "--batch-size 0"),
     (["--batch-size", "5000"], "--batch-size 5000"),
-])
-def test_bad_input_is_one_line(dataset, argv, flag):
+]
+
+
+@pytest.mark.parametrize("argv, flag", BAD_INPUT)
+def test_bad_input_is_one_line(dataset, argv, flag, capsys):
+    """In this process, through the command's own handler (run_command)."""
+    code = ladder.main(["--dataset", str(dataset.path), "--device", "cpu", "--rungs", "resident",
+                        *argv])
+    stderr = capsys.readouterr().err
+    assert code == 2 and flag in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_bad_input_is_one_line_from_the_command_line(dataset):
+    """As a user meets it: one line on stderr, exit 2 (one case: the others run in-process)."""
+    argv, flag = BAD_INPUT[0]
     done = subprocess.run([sys.executable, "-m", "kosmoss.bench.ladder", "--dataset",
                            str(dataset.path), "--device", "cpu", "--rungs", "resident", *argv],
                           capture_output=True, text=True, timeout=120)
