@@ -111,6 +111,16 @@ def interrupting_open(monkeypatch, at_write: int, after: int = 0):
     return opened
 
 
+@contextlib.contextmanager
+def _pythons_own_ctrl_c():
+    """Python's KeyboardInterrupt handler, which a pytest-xdist worker replaces by SIG_IGN."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("at_write", [1, 2, 5])
 @pytest.mark.parametrize("handler", ["kosmoss", "python"])
 def test_ctrl_c_inside_a_checkpoint_write_stops_and_keeps_the_previous_one(
@@ -121,7 +131,7 @@ def test_ctrl_c_inside_a_checkpoint_write_stops_and_keeps_the_previous_one(
     before = target.read_bytes()
     interrupting_open(monkeypatch, at_write)
     expected = Stopped if handler == "kosmoss" else KeyboardInterrupt
-    guard = signals_stop_the_run() if handler == "kosmoss" else contextlib.nullcontext()
+    guard = signals_stop_the_run() if handler == "kosmoss" else _pythons_own_ctrl_c()
     with guard, pytest.raises(expected) as stop:  # not torch.save's RuntimeError
         io.save_checkpoint({"global_step": 2, "weights": torch.ones(100_000)}, target)
     if handler == "kosmoss":
