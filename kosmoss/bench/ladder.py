@@ -52,8 +52,7 @@ from ..core.commandline import OneLineParser, run_command
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import UsageError
 from ..core.files import atomic_write_json
-from ..data.loading import split_indices
-from ..data.splits import SPLITS
+from ..data.splits import split_sizes
 from ..data.store import open_dataset
 from ..run.graphs import bf16_inputs
 from ..run.throughput import StepClock
@@ -359,7 +358,7 @@ def run_ladder(dataset: Path, rungs: Sequence[Rung], batch_sizes: Sequence[str],
     power of two the training split holds), then the rungs ``also`` (off the ladder, rows
     marked ``off_ladder``) at the first; the limit beside."""
     prepared = open_dataset(dataset, verify=False)
-    n_train = len(split_indices(prepared.n_samples, SPLITS, seed)[0])
+    n_train = split_sizes(prepared.n_samples)[0]
     batches = [largest_batch(n_train) if b == "max" else int(b) for b in batch_sizes]
     too_large = [b for b in batches if b > n_train]
     if too_large:

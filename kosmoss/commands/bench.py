@@ -146,6 +146,7 @@ def make_plan(args: argparse.Namespace, chosen, echo):
 
     from ..bench.setups import Plan, probe
     from ..data import presets
+    from ..data.splits import split_sizes
 
     mode = QUICK if args.quick else FULL
     spec = args.dataset or mode.dataset or ("large" if torch.cuda.is_available() else "small")
@@ -156,7 +157,7 @@ def make_plan(args: argparse.Namespace, chosen, echo):
     prepared = presets.resolve(spec, log=echo, verify=False)
     plan = Plan(
         dataset=prepared.path.resolve(), n_samples=prepared.n_samples,
-        n_train=len(_train_split(prepared.n_samples)),
+        n_train=split_sizes(prepared.n_samples)[0],
         bytes_per_sample=4 * (prepared.n_x + prepared.n_y),
         batch_size=batches["cpu"], gpu_batch_size=batches["gpu"],
         steps=_pick(args.steps, mode.steps), repeats=_pick(args.repeats, mode.repeats),
@@ -168,13 +169,6 @@ def make_plan(args: argparse.Namespace, chosen, echo):
 
 def _pick(value: Optional[int], default: int) -> int:
     return default if value is None else value
-
-
-def _train_split(n_samples: int):
-    from ..bench.baselines import SPLITS
-    from ..data.loading import split_indices
-
-    return split_indices(n_samples, SPLITS, seed=0)[0]  # its size does not depend on the seed
 
 
 def selected(only: Optional[List[str]]):

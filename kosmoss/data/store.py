@@ -431,7 +431,42 @@ def _read_metadata(path: Path) -> dict:
     if metadata.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{file}: {FORMAT} v{metadata.get('format_version')}, this kosmoss "
                            f"reads v{FORMAT_VERSION}; {again(path)}")
+    problem = _field_problem(metadata)
+    if problem:
+        raise DatasetError(f"{file}: {problem}, not what kosmoss writes; {again(path)}")
     return metadata
+
+
+# The fields open_dataset reads, with their least value: an edited or damaged metadata.json
+# is named here, not met as a ValueError or KeyError deep in the reading.
+_COUNTS = {"n_samples": 0, "n_x": 1, "n_y": 1}
+_SHARD_FIELDS = {field.name: field.type for field in dataclasses.fields(Shard)}  # "int", "str"
+
+
+def _field_problem(metadata: dict) -> Optional[str]:
+    for field, least in _COUNTS.items():
+        value = metadata.get(field)
+        if type(value) is not int or value < least:  # not bool, not 1.5, not "2048"
+            return f"{field} {value!r} is not a whole number >= {least}"
+    if not _is_dtype(metadata.get("dtype")):
+        return f"dtype {metadata.get('dtype')!r} is not a numpy dtype"
+    shards = metadata.get("shards")
+    if not isinstance(shards, list) or not all(_is_shard(entry) for entry in shards):
+        return "its shards are not a list of " + ", ".join(_SHARD_FIELDS)
+    return None
+
+
+def _is_dtype(name) -> bool:
+    try:
+        return isinstance(name, str) and np.dtype(name) is not None
+    except (TypeError, ValueError, SyntaxError):  # numpy parses "0:" and "01" as formats
+        return False
+
+
+def _is_shard(entry) -> bool:
+    return isinstance(entry, dict) and set(entry) == set(_SHARD_FIELDS) and all(
+        type(entry[name]).__name__ == kind for name, kind in _SHARD_FIELDS.items()) \
+        and entry["rows"] >= 0
 
 
 def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:

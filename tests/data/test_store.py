@@ -4,6 +4,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from helpers import RandomSource
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kosmoss.core.errors import DatasetError, UsageError
 from kosmoss.data import presets, store
@@ -99,9 +101,9 @@ def test_a_file_or_a_fifo_given_as_a_dataset_is_not_a_folder_not_missing(tmp_pat
 
     (tmp_path / "file").write_text("x")
     os.mkfifo(tmp_path / "fifo")
-    for given in (tmp_path / "file", tmp_path / "fifo", "/dev/null"):
-        with pytest.raises(DatasetError, match=rf"^{given}: not a folder; give a dataset folder"):
-            open_dataset(given)
+    for named in (tmp_path / "file", tmp_path / "fifo", "/dev/null"):
+        with pytest.raises(DatasetError, match=rf"^{named}: not a folder; give a dataset folder"):
+            open_dataset(named)
     with pytest.raises(DatasetError, match="gone: no such dataset folder"):
         open_dataset(tmp_path / "gone")
 
@@ -202,3 +204,39 @@ def test_racing_preparations_of_one_name_write_it_once(tmp_path):
     assert sorted(r.reused for r in results) == [False, True, True]
     assert all(r.shards == results[0].shards for r in results)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+HOSTILE_VALUES = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True),
+                           st.integers(min_value=-10**30, max_value=10**30), st.text(max_size=8),
+                           st.lists(st.integers(), max_size=2),
+                           st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(["n_samples", "n_x", "n_y", "dtype", "shards", "shards.0",
+                              "shards.0.rows", "shards.0.x_file", "shards.1.x_sha256"]),
+       value=HOSTILE_VALUES | st.just("__missing__"))
+def test_an_edited_metadata_field_is_named_never_a_traceback(random_dataset, where, value):
+    """A hand-edited or damaged metadata.json: a DatasetError naming the file (one line from
+    every command), or the dataset as it was when the value happens to be the right one."""
+    file = random_dataset.path / METADATA_FILE
+    original = file.read_text()
+    metadata = json.loads(original)
+    *parents, key = [int(part) if part.isdigit() else part for part in where.split(".")]
+    holder = metadata
+    for part in parents:
+        holder = holder[part]
+    if value == "__missing__":
+        del holder[key]
+    else:
+        holder[key] = value
+    file.write_text(json.dumps(metadata))
+    try:
+        opened = open_dataset(random_dataset.path, verify=False)
+    except DatasetError as err:  # metadata.json, or the shard or stats file it misdescribes
+        assert str(err).startswith(str(random_dataset.path)) and "\n" not in str(err)
+    else:  # a value that reads the same ("<f4" for float32), or a checksum (verify=False)
+        assert opened.metadata == json.loads(original) or where in ("dtype", "shards.1.x_sha256")
+    finally:
+        file.write_text(original)

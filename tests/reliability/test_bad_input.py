@@ -2,7 +2,9 @@
 errors before torch is imported (under a second), a KOSMOSS_HOME that cannot be written
 before the run starts."""
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -82,6 +84,23 @@ def test_a_batch_larger_than_the_training_rows_is_refused_before_torch(shared_ho
     assert f"--batch-size {batch} is larger than the 1639 training samples of the dataset " \
         f"{tiny}" in errors[0]
     assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
+
+
+@pytest.mark.parametrize("field, value", [("n_samples", "2048"), ("n_x", None),
+                                          ("dtype", "01"), ("shards", {})])
+def test_an_edited_metadata_json_is_one_line_before_torch(shared_home, tmp_path, field, value):
+    """Each was a ValueError, TypeError or SyntaxError traceback from reading the folder."""
+    edited = tmp_path / "tiny"
+    shutil.copytree(shared_home / "data" / "tiny", edited)
+    metadata = json.loads((edited / "metadata.json").read_text())
+    metadata[field] = value
+    (edited / "metadata.json").write_text(json.dumps(metadata))
+    for launcher in (["trainup_cpu.py", "--dataset"], ["-m", "kosmoss", "data", "info"]):
+        proc, modules, errors = _imported_modules([*launcher, str(edited)])
+        assert proc.returncode == 2 and len(errors) == 1, errors
+        assert f"{edited / 'metadata.json'}: {field} " in errors[0] or \
+            f"{edited / 'metadata.json'}: its shards" in errors[0], errors
+        assert not {"torch", "pytorch_lightning", "lightning_fabric"} & modules
 
 
 LONG_NAME = "a" * 300  # over NAME_MAX (255 bytes) of Linux's file systems
