@@ -248,10 +248,13 @@ def _count(scratch: Path, rank: int) -> Optional[int]:
 
 
 def _read(scratch: Path, rank: int) -> list:
-    try:
-        return pickle.loads((scratch / f"rank{rank}.pkl").read_bytes())
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return []
+    """The outcomes rank ``rank`` counted (one it was appending when it died is not)."""
+    done = []
+    with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+        with open(scratch / f"rank{rank}.pkl", "rb") as outcomes:
+            for _ in range(_count(scratch, rank) or 0):
+                done.append(pickle.load(outcomes))
+    return done
 
 
 class _Tail:
@@ -472,11 +475,16 @@ def _rank_task(task: Task, rank: int, collective_s: float) -> Outcome:
 
 
 def _write(scratch: Path, rank: int, done: list) -> None:
-    for name, data in ((f"rank{rank}.pkl", pickle.dumps(done)),
-                       (f"rank{rank}.count", str(len(done)).encode())):
-        partial = scratch / (name + ".tmp")
-        partial.write_bytes(data)
-        partial.replace(scratch / name)  # the checker never reads half a file
+    """Append the outcomes of ``done`` not yet written, then the new count. Appending, not
+    rewriting the whole list: re-pickling every earlier outcome after each task made the
+    tests' launch of 255 tasks spend 64 of its 103 s here."""
+    written = _count(scratch, rank) or 0
+    with open(scratch / f"rank{rank}.pkl", "ab") as outcomes:
+        for outcome in done[written:]:
+            pickle.dump(outcome, outcomes)
+    partial = scratch / f"rank{rank}.count.tmp"
+    partial.write_text(str(len(done)))
+    partial.replace(scratch / f"rank{rank}.count")  # counts only outcomes written whole
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ whether the rank has ended. A rank that finished its last task and exited betwee
 was taken for one that died early: "the checker's process 1 exited with ..." against an
 answer it should have judged, the rank's last line gloo's at the teardown (seen once, 2
 cores)."""
+import pickle
+
 import pytest
 
 from kosmoss.exercises import distributed
@@ -86,3 +88,19 @@ def test_a_rank_whose_rank_0_never_wrote_its_port_gives_up_saying_so(tmp_path, m
     monkeypatch.setattr(distributed, "START_ALLOWANCE_S", 0.3)
     with pytest.raises(SystemExit, match="rank 0 did not start its store within"):
         distributed._meet(tmp_path, 1, 2)
+
+
+def test_outcomes_are_appended_and_only_those_counted_are_read(tmp_path):
+    """Each rank appends its new outcomes after a task and then writes its count: what the
+    checker reads is every counted outcome, in order, and never the half-written one of a
+    rank that died while appending."""
+    outcomes = [distributed.Outcome("ok", [step] * 3) for step in range(4)]
+    distributed._write(tmp_path, 0, [])
+    assert distributed._read(tmp_path, 0) == []
+    for finished in range(1, 4):
+        distributed._write(tmp_path, 0, outcomes[:finished])
+    assert distributed._read(tmp_path, 0) == outcomes[:3]
+    with open(tmp_path / "rank0.pkl", "ab") as half_written:
+        half_written.write(pickle.dumps(outcomes[3])[:5])
+    assert distributed._read(tmp_path, 0) == outcomes[:3]
+    assert distributed._read(tmp_path, 1) == []  # a rank that never started
