@@ -28,6 +28,7 @@ def test_the_sizes_are_torchs_random_split_sizes(n, fractions):
     assert split_sizes(n, fractions) == _torch_sizes(n, fractions)
 
 
+@pytest.mark.filterwarnings("ignore:Length of split at index")
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 9, 10, 11, 19, 2048, 4096, 999_999])
 def test_the_sizes_at_the_edges_of_rounding(n):
     assert split_sizes(n) == _torch_sizes(n, SPLITS) and sum(split_sizes(n)) == n
