@@ -246,9 +246,9 @@ else:
 # make DP slow, and it cannot span several machines. DDP runs one process per device,
 # sends the weights once, then gradients (overlapped with the backward pass) and
 # buffers, and works the same on one host or many. PyTorch's documentation recommends
-# DDP even on a single machine; Lightning 2 removed its DP strategy, and kept the others
-# (single device, DDP and its launchers, FSDP, DeepSpeed, XLA), as its registry of
-# strategies says:
+# DDP even on a single machine; Lightning 2 removed its DP strategy. What it has today
+# (single device, DDP and its launchers, FSDP, DeepSpeed, XLA) its registry of strategies
+# lists:
 
 # %%
 from pytorch_lightning.strategies import StrategyRegistry

@@ -146,7 +146,9 @@ print(f"one process:                 {exact:.6f}")
 # %% [markdown]
 # Three numbers, none equal to the one-process loss, and the plain one differs between
 # the ranks — the progress bar and the logger show rank 0's, and each rank's checkpoint
-# callback judges by its own.
+# callback compares its own (Lightning's `ModelCheckpoint` replaces a kept checkpoint only
+# when every rank's own number improved: `check_monitor_top_k` asks the strategy's
+# `reduce_boolean_decision`).
 # Lightning's two warnings above name two of the causes (it knew). Let us find each one.
 #
 # ## Cause 1: `DistributedSampler` pads with duplicates

@@ -127,8 +127,10 @@ assert port_is_free(port), \
 # Who holds `MASTER_PORT` is worth knowing exactly. It is not "the run": it is the
 # **TCPStore**, the small key-value server through which the ranks found each other,
 # and it lives in global rank 0's process (under torchrun, in the agent of node 0). It
-# keeps the port for as long as that process lives — after the other ranks have finished,
-# and after rank 0 has stopped training, until it exits. So a rank that finished does not
+# keeps the port for as long as the store lives — after the other ranks have finished,
+# and after rank 0 has stopped training — until that process exits or destroys its
+# process group (`torch.distributed.destroy_process_group()`: kosmoss does as a run ends;
+# Lightning does at exit, and on NCCL only). So a rank that finished does not
 # give the port back unless it was the one hosting the store, and checking "is any rank
 # of my run still alive" is not the same as "is the port free": ask who listens on it
 # (`kosmoss ghosts --port`, `kosmoss.launch.port_holders`).

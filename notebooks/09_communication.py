@@ -150,8 +150,8 @@ print("time of one all-reduce on rank 0, by hand / gloo's: "
 # limit, two buffers' worth as `n` grows, and never beyond**, whatever the number of ranks
 # — which is why the ring scales.
 # (Gloo has a ring of its own, written in C++; the timings above say how the Python one
-# compares on this machine. NCCL chooses among its algorithms — ring, tree, NVLS,
-# CollNet and PAT — by message size and topology.)
+# compares on this machine. NCCL chooses an all-reduce's algorithm — ring, tree, NVLS or
+# CollNet — by message size and topology; its `NCCL_ALGO` variable names them.)
 #
 # ## Why `2(n-1)/n` is the "busbw" factor
 #

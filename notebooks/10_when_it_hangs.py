@@ -23,8 +23,8 @@
 #   stacks` (where is each rank now?), the start-up check and the collective timeout (the
 #   run names the missing rank itself), `TORCH_DISTRIBUTED_DEBUG=DETAIL` (which collectives
 #   disagree?), `kosmoss ghosts` (what is left, and who holds the port?);
-# - on a GPU, PyTorch's flight recorder (its NCCL process group): each rank's last
-#   collectives, dumped on demand.
+# - on a GPU, PyTorch's flight recorder (dumped by its NCCL process group): each rank's
+#   last collectives, dumped on demand.
 #
 # Time: ~45 min; the cells run in ~1 min on 2 CPU cores
 
@@ -328,10 +328,11 @@ print(f"holder ended; port {port} free again: {port_is_free(port)}")
 # ## With a GPU
 #
 # NCCL runs collectives asynchronously on the GPU, so a Python stack shows where a rank
-# *queued* its last collective, not where the GPU is. PyTorch's **flight recorder** — part
-# of its NCCL process group, `ProcessGroupNCCL` — keeps each rank's last collectives
-# (type, sizes, state: scheduled, started, completed) in a ring buffer, and dumps it on a
-# timeout or on demand; `torch.distributed.flight_recorder` reads the dumps. kosmoss sets
+# *queued* its last collective, not where the GPU is. PyTorch's **flight recorder** keeps
+# each rank's last collectives (type, sizes, state) in a ring buffer. Gloo's records too
+# (they stay `scheduled`); NCCL's process group, `ProcessGroupNCCL`, follows each one to
+# `started` and `completed` and its watchdog dumps the buffer on a timeout or on demand;
+# `torch.distributed.flight_recorder` reads the dumps. kosmoss sets
 # it up on GPU runs
 # (`kosmoss.diagnose.hang.flight_recorder_env`: the dumps go into the run's folder, and a
 # named pipe per rank dumps at once). The cell below makes one rank run three all-reduces
@@ -376,7 +377,7 @@ if torch.cuda.is_available():
         rank.kill()
         rank.wait()
 else:
-    print(f"no GPU here: the flight recorder is PyTorch's NCCL process group's; on a GPU run "
+    print(f"no GPU here: NCCL's process group dumps the flight recorder; on a GPU run "
           f"kosmoss sets "
           f"{sorted(flight_recorder_env(scratch / 'example'))}")
 
