@@ -315,6 +315,14 @@ import math
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     return math.ceil(global_batch_size / (num_nodes * devices_per_node))
 """, "another batch than the one asked for"),
+    "refuses one column per rank": Mistake("""
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world_size = num_nodes * devices_per_node
+    if global_batch_size <= world_size or global_batch_size % world_size:
+        raise ValueError(f"a global batch of {global_batch_size} does not split over "
+                         f"{world_size} ranks")
+    return global_batch_size // world_size
+""", "but it splits evenly"),
     "a refusal that does not say why": Mistake("""
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     world_size = num_nodes * devices_per_node

@@ -472,6 +472,10 @@ def ddp_buckets(grad_bytes, first_cap, cap):
                                           "every later bucket has the cap `cap`"),
     "reverses the order": Mistake(_buckets(order="reversed(list(enumerate(grad_bytes)))"),
                                   "already in the order backward makes them ready"),
+    "the sizes, not the indices": Mistake(_buckets(order="zip(grad_bytes, grad_bytes)"),
+                                          "return indices into grad_bytes"),
+    "indices counted from 1": Mistake(_buckets(order="enumerate(grad_bytes, start=1)"),
+                                      "(0 to len - 1)"),
 }
 
 MIB = 2 ** 20

@@ -62,6 +62,18 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     if left or per_rank < 1:
         raise ValueError(f"{global_batch_size} columns do not split over {ranks} ranks")
     return per_rank
+''', '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    gpus = num_nodes * devices_per_node  # a message naming the numbers only says why too
+    if global_batch_size < gpus or global_batch_size % gpus:
+        raise ValueError(f"{global_batch_size} columns over {gpus} GPUs")
+    return global_batch_size // gpus
+''', '''
+def per_device_batch(global_batch_size, num_nodes, devices_per_node):
+    world = num_nodes * devices_per_node
+    if global_batch_size < world or global_batch_size % world:
+        raise ValueError(f"--batch-size {global_batch_size} is not valid here")
+    return global_batch_size // world
 '''],
     "04.scaled_lr": ['''
 import math

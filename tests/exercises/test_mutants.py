@@ -19,6 +19,7 @@ import types
 import pytest
 from right_answers import answers
 
+from kosmoss.exercises import exercises
 from kosmoss.exercises.core import CORRECT, find, run_cell
 from kosmoss.exercises.guard import guarding
 from kosmoss.exercises.judging import judge_checked, verdict
@@ -293,6 +294,17 @@ def _judge_here(exercise, body: str):
         with guarding(exercise.forbidden):
             return exercise.judge(run_cell(exercise, exercise.cell(body)))
     return verdict(exercise, judged)
+
+
+@pytest.mark.parametrize("exercise", [e for e in exercises() if not e.distributed],
+                         ids=lambda e: e.id)
+def test_every_checker_passes_its_catalogue_judged_here(exercise):
+    """The baseline the mutants are measured against: judged in this process, as they are,
+    the unmutated checker accepts every right answer and names every mistake, as it does in
+    the checker's own process (test_checkers.py); `scripts/mutate_checkers.sh` runs mutmut's
+    mutants against this test."""
+    verdicts = [_judge_here(exercise, body) for _, _, body in answers(exercise)]
+    assert caught(exercise, verdicts) == []
 
 
 @pytest.mark.parametrize("exercise_id, weakens, original, mutant", MUTANTS,
