@@ -1,7 +1,8 @@
 """What `mutmut run` left, per checker module: mutants killed, survived, untested, and the
 survivors split into those that change only a message's words (a hint included) and those
-that change what the checker computes or feeds it (the ones to read). Run from the repository root after
-`mutmut run` (docs/exercises.md, "Mutation testing"); `--logic` prints those diffs.
+that change what the checker computes or feeds it (the ones to read). Run from the
+repository root after `mutmut run` (docs/exercises.md, "Mutation testing"); `--logic`
+prints those diffs.
 
 mutmut's own `results` lists every survivor by name; this groups them, because most
 survivors of a checker rewrite a hint's text, which no catalogued mistake reads.
@@ -44,7 +45,8 @@ def only_words(name: str, diff: str) -> bool:
 
 
 def main(argv=None) -> int:
-    # mutmut>=3.8 (the `mutation` extra), imported here: only_words needs none of it
+    # mutmut 3 (the `mutation` extra; its module names are not an API, hence the pin),
+    # imported here: only_words needs none of it
     from mutmut.__main__ import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code

@@ -19,7 +19,8 @@ def diff(removed: str, added: str) -> str:
 
 @pytest.mark.parametrize("removed, added", [
     ('    return failed(f"yours {got!r}: return a pair")', '    return failed(None)'),
-    ('    why = "NCCL refuses two ranks on one GPU"', '    why = "XXNCCL refuses two ranks on one GPUXX"'),
+    ('    why = "NCCL refuses two ranks on one GPU"',
+     '    why = "XXNCCL refuses two ranks on one GPUXX"'),
     ("    hint = 'rounded up' if gpus else ''", "    hint = 'ROUNDED UP' if gpus else ''"),
     ('    return passed(f"matches in {n} set-ups")', '    return passed(None)'),
 ])
@@ -32,7 +33,8 @@ def test_a_mutant_that_only_rewords_is_words(removed, added):
      "    if isinstance(raised.original, ValueError):"),
     ("    return bool(named) or any(w in message for w in REASONS)",
      "    return bool(named) and any(w in message for w in REASONS)"),
-    ('    if backend == "nccl" and gpus:', '    if backend == "XXncclXX" and gpus:'),  # a compared string
+    ('    if backend == "nccl" and gpus:',  # a compared string
+     '    if backend == "XXncclXX" and gpus:'),
     ("    cases = (0, 1, 2, 3)", "    cases = (0, 2, 2, 3)"),
 ])
 def test_a_mutant_that_changes_what_is_computed_is_logic(removed, added):
