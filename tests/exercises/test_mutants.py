@@ -301,8 +301,8 @@ def _judge_here(exercise, body: str):
 def test_every_checker_passes_its_catalogue_judged_here(exercise):
     """The baseline the mutants are measured against: judged in this process, as they are,
     the unmutated checker accepts every right answer and names every mistake, as it does in
-    the checker's own process (test_checkers.py); `scripts/mutate_checkers.sh` runs mutmut's
-    mutants against this test."""
+    the checker's own process (test_checkers.py). `mutmut run` ([tool.mutmut] in
+    pyproject.toml) runs its mutants against this test."""
     verdicts = [_judge_here(exercise, body) for _, _, body in answers(exercise)]
     assert caught(exercise, verdicts) == []
 
