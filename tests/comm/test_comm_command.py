@@ -74,8 +74,10 @@ def test_simulated_nodes_time_the_two_halves_of_a_hierarchical_all_reduce(tmp_pa
     from kosmoss.scaling.projection import links_from_comm
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    # Sizes beyond the latency regime: the fit's slope is positive however loaded the host.
-    assert comm.main(["--ranks", "4", "--nodes", "2", "--sizes", "1M", "8M", "--repeats", "3",
+    # Sizes 32 times apart: on 2 cores a 32 MiB all-reduce takes ~50 ms more than 1 MiB, so one
+    # stall of a loaded host (70 ms seen in CI when the sizes were 1 and 8 MiB, 3 repeats) spread
+    # over 5 repeats cannot flip the slope of the mean times.
+    assert comm.main(["--ranks", "4", "--nodes", "2", "--sizes", "1M", "32M", "--repeats", "5",
                       "--warmup", "1", "--out", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["plan"]["ranks_per_node"] == 2 and result["plan"]["threads_per_rank"] == 1
