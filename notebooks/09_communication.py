@@ -256,7 +256,8 @@ def ddp_steps(rank, world_size, port):
             if cap:
                 profile.export_chrome_trace(str(scratch / "ddp-trace.json"))
     # DDP before its group: torch's Reducer holds the group, and as its last owner it would
-    # destroy it holding the GIL while gloo's thread waits for the GIL (a deadlock).
+    # destroy it holding the GIL while gloo's thread waits for the GIL (a deadlock: a
+    # destructor that blocks, bound without releasing the GIL, pytorch/pytorch#56297).
     del ddp
     gc.collect()
     dist.destroy_process_group()

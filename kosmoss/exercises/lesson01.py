@@ -242,6 +242,26 @@ def normalise(x):
     constant = std <= 1e-6 * np.abs(a).mean(axis=0)
     return np.where(constant, 0.0, (a - a.mean(axis=0)) / np.where(constant, 1.0, std))
 ''', "return a torch tensor"),
+    "the relative test and an absolute floor (std < 1e-12)": Mistake('''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = (std <= 1e-6 * x.abs().mean(dim=0)) | (std < 1e-12)
+    scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+''', "an absolute cut (std < 1e-12, ...) erases it"),
+    "divided by the std, not centred": Mistake('''
+import torch
+
+
+def normalise(x):
+    std = x.std(dim=0, correction=0)
+    constant = std <= 1e-6 * x.abs().mean(dim=0)
+    scaled = x / torch.where(constant, torch.ones_like(std), std)
+    return torch.where(constant, torch.zeros_like(scaled), scaled)
+''', "divided by the std but not centred"),
     "divides by the variance": Mistake('''
 import torch
 

@@ -138,9 +138,11 @@ def holder_judge(namespace: dict) -> tuple:
             got = mine(port)
             if got != pid or isinstance(got, bool):
                 over = " over IPv6 (::1)" if listener == "tcp6" else ""
+                stale = bool(over) and got is None and _misses_new_listeners(mine)
+                hint = (": yours found the first listener but not one started after it — "
+                        + STALE) if stale else _holder_hint(got, pid, port, ipv6=bool(over))
                 return failed(f"pid {pid} listens on TCP port {port}{over}; your "
-                              f"port_holder({port}) returned {got!r}"
-                              + _holder_hint(got, pid, port, ipv6=bool(over)))
+                              f"port_holder({port}) returned {got!r}" + hint)
     for kind in ("udp", "client"):  # sockets on a port that are no TCP listener
         with holder(kind, port if kind == "udp" else 0) as (other_pid, other_port):
             got = mine(other_port)
@@ -153,10 +155,22 @@ def holder_judge(namespace: dict) -> tuple:
     after = mine(port)
     if after is not None:
         return failed(f"once pid {pid} and the holders after it have ended nobody holds port "
-                      f"{port}, but your port_holder({port}) returned {after!r}")
+                      f"{port}, but your port_holder({port}) returned {after!r}"
+                      + (f": {STALE}" if after == pid else ""))
     return passed(f"found pid {pid} on TCP port {port}; nobody once it had ended, a UDP "
                   "socket on the same number and a connection's local port, established "
                   "and in CLOSE_WAIT, included")
+
+
+STALE = ("a list of connections kept from an earlier call is stale once processes start or "
+         "end: ask psutil on every call")
+
+
+def _misses_new_listeners(mine) -> bool:
+    """Whether the answer misses an IPv4 listener started now too (it lists the connections
+    once), rather than IPv6 listeners only."""
+    with holder("tcp") as (pid, port):
+        return mine(port) != pid
 
 
 def _ipv6_loopback() -> bool:
@@ -174,6 +188,8 @@ def _ipv6_loopback() -> bool:
 
 
 def _not_a_listener(kind: str, pid: int, other_pid: int, port: int, got) -> str:
+    if got == pid:  # the listener that has ended: a listing from an earlier call
+        return f"pid {pid} has ended, but your port_holder({port}) still returned it: " + STALE
     if kind == "udp":
         return (f"pid {pid} has ended; pid {other_pid} holds port {port} for UDP, which is no "
                 f"TCP listener, but your port_holder({port}) returned {got!r}: only a TCP "

@@ -504,6 +504,20 @@ def pick_interface(interfaces, master_addr):
                 best, best_prefix = name, int(prefix)
     return best
 ''', "no whole number of octets"),
+    ("06.port_holder", "the connections listed once, on the first call", '''
+import psutil
+
+_connections = []
+
+
+def port_holder(port):
+    if not _connections:  # psutil walks every process: list them once
+        _connections.extend(psutil.net_connections(kind="tcp"))
+    for c in _connections:
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
+            return c.pid
+    return None
+''', "ask psutil on every call"),
     ("06.port_holder", "IPv4 listeners only", '''
 import psutil
 

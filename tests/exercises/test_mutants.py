@@ -18,9 +18,11 @@ import types
 
 import pytest
 from right_answers import answers
+from test_fresh_wrong_answers import FRESH
+from test_wrong_answers_once_told_correct import ONCE_TOLD
 
 from kosmoss.exercises import exercises
-from kosmoss.exercises.core import CORRECT, find, run_cell
+from kosmoss.exercises.core import CORRECT, ERROR, WRONG, find, run_cell
 from kosmoss.exercises.guard import guarding
 from kosmoss.exercises.judging import judge_checked, verdict
 
@@ -305,6 +307,26 @@ def test_every_checker_passes_its_catalogue_judged_here(exercise):
     pyproject.toml) runs its mutants against this test."""
     verdicts = [_judge_here(exercise, body) for _, _, body in answers(exercise)]
     assert caught(exercise, verdicts) == []
+
+
+def _found_since(exercise_id: str) -> list:
+    """The wrong answers written after the catalogue (test_fresh_wrong_answers.py) and those
+    once called correct (test_wrong_answers_once_told_correct.py): (name, source, says)."""
+    return [(name, body, says) for found, name, body, *says in [*FRESH, *ONCE_TOLD]
+            if found == exercise_id]
+
+
+@pytest.mark.parametrize("exercise", [e for e in exercises()
+                                      if not e.distributed and _found_since(e.id)],
+                         ids=lambda e: e.id)
+def test_every_wrong_answer_found_since_is_rejected_judged_here(exercise):
+    """As their own tests judge them in the checker's processes, judged here: the second
+    test `mutmut run` measures each mutant against, so that a hint no catalogued mistake
+    reaches (a wrong answer the catalogue does not hold) is under test too."""
+    for name, body, says in _found_since(exercise.id):
+        result = _judge_here(exercise, body)
+        assert result.status in (WRONG, ERROR) and len(result.message) > 30, (name, result.line)
+        assert all(fragment in result.line for fragment in says), (name, result.line)
 
 
 @pytest.mark.parametrize("exercise_id, weakens, original, mutant", MUTANTS,
