@@ -527,6 +527,9 @@ def bucket_judge(namespace: dict) -> tuple:
 
 
 def _bucket_hint(got, expected, grad_bytes, first_cap: int, cap: int) -> str:
+    if [] in got:
+        return (" — every bucket holds at least one gradient: when the last gradient closes "
+                "a bucket, append nothing after the loop")
     seen = sorted(i for bucket in got for i in bucket)
     if seen != list(range(len(grad_bytes))) and seen == sorted(
             i for bucket in expected[:-1] for i in bucket):
@@ -540,8 +543,15 @@ def _bucket_hint(got, expected, grad_bytes, first_cap: int, cap: int) -> str:
             list(reversed(grad_bytes)), first_cap, cap)]:
         return (" — grad_bytes is already in the order backward makes them ready: fill the "
                 "buckets in that order")
+    if got == torch_buckets([nbytes // 4 for nbytes in grad_bytes], first_cap, cap):
+        return (" — grad_bytes and the caps are both in bytes: compare them as they are, not "
+                "divided by a float32's 4 bytes")
     sizes = [sum(grad_bytes[i] for i in bucket) for bucket in got]
     caps = [first_cap] + [cap] * len(got)
+    # the first bucket that differs from DDP's, closed by first_cap though it is a later one
+    differ = next((k for k, (mine, ddp) in enumerate(zip(got, expected)) if mine != ddp), 0)
+    if 0 < differ < len(got) - 1 and first_cap <= sizes[differ] < cap:
+        return " — only the first bucket has first_cap: every later bucket has the cap `cap`"
     if any(size == limit for size, limit in zip(sizes, caps)) or any(
             size > limit and len(bucket) > 1 and size - grad_bytes[bucket[-1]] >= limit
             for size, limit, bucket in zip(sizes, caps, got)):

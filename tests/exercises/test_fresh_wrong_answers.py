@@ -12,18 +12,18 @@ FRESH = [
     ("01.feature_counts", "136 interfaces hard-coded", '''
 def feature_counts(levels):
     return 17 + 27 * levels + 2 * (levels + 1) + 136, 4 * (levels + 1)
-'''),
+''', "yours grows by 29 per level"),
     ("01.feature_counts", "targets off by a few", '''
 def feature_counts(levels):
     return 17 + 27 * levels + 2 * (levels + 1) + (levels - 1), 4 * levels + 1
-'''),
+''', "4 fluxes on each half level"),
     ("01.normalise", "NaN turned into 0 afterwards", '''
 import torch
 
 
 def normalise(x):
     return torch.nan_to_num((x - x.mean(0)) / x.std(0))
-'''),
+''', "a test for std == 0 (or below an absolute cut) misses it"),
     ("01.normalise", "min-max scaling", '''
 import torch
 
@@ -50,14 +50,14 @@ from kosmoss.model import LitMLP
 def predict_wm2(checkpoint_path, x):
     with torch.no_grad():
         return LitMLP.load_from_checkpoint(checkpoint_path).net(x)
-'''),
+''', "are the checkpoint's weights and statistics loaded?"),
     ("02.predict_wm2", "predict_step", '''
 from kosmoss.model import LitMLP
 
 
 def predict_wm2(checkpoint_path, x):
     return LitMLP.load_from_checkpoint(checkpoint_path).predict_step(x, 0)
-'''),
+''', "track gradients (requires_grad)"),
     ("02.optimizer_steps", "one formula for everything", '''
 import math
 
@@ -74,18 +74,18 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     if global_batch_size % num_nodes or global_batch_size % devices_per_node:
         raise ValueError("does not divide")
     return global_batch_size // (num_nodes * devices_per_node)
-'''),
+''', "is not divisible by the world size 4"),
     ("03.per_device_batch", "rounded", '''
 def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     return round(global_batch_size / (num_nodes * devices_per_node))
-'''),
+''', "is not divisible by the world size 4"),
     ("04.scaled_lr", "operator precedence in the square root", '''
 def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
     k = effective_batch_size / base_batch_size
     if rule == "sqrt":
         return base_lr * k ** 1 / 2
     return base_lr * k if rule == "linear" else base_lr
-'''),
+''', "k ** 1 / 2 is (k ** 1) / 2"),
     ("04.noise_scale", "square roots of the norms", '''
 import math
 
@@ -100,12 +100,12 @@ def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
     g_sq = (big_batch * small_sq_norm - small_batch * big_sq_norm) / (big_batch - small_batch)
     trace = (big_sq_norm - small_sq_norm) / (1 / small_batch - 1 / big_batch)
     return g_sq, trace
-'''),
+''', "the two squared norms taken the other way round"),
     ("04.noise_scale", "a dict", '''
 def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
     trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch)
     return {"g_sq": big_sq_norm - trace / big_batch, "trace": trace}
-'''),
+''', "a pair (g_sq, trace) of numbers"),
     ("04.warmup_lr", "step + 1", '''
 def warmup_lr(step, warmup_steps, base_lr, target_lr):
     if step >= warmup_steps:
@@ -115,12 +115,12 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
     ("04.warmup_lr", "min of the ramp", '''
 def warmup_lr(step, warmup_steps, base_lr, target_lr):
     return min(target_lr, base_lr + (target_lr - base_lr) * step / warmup_steps)
-'''),
+''', "raised ZeroDivisionError"),
     ("05.device_for", "no index in the name", '''
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
     wants = machine == "force" or (machine == "offer" and run_asks_gpu)
     return "cuda" if wants and visible_gpus else "cpu"
-'''),
+''', "an index that does not exist means GPU 0"),
     ("05.device_for", "force ignores what is visible", '''
 def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
     if machine == "force":
@@ -129,7 +129,7 @@ def device_for(machine, machine_index, run_asks_gpu, visible_gpus):
         index = machine_index or 0
         return f"cuda:{index if index < visible_gpus else 0}"
     return "cpu"
-'''),
+''', "an index that does not exist means GPU 0"),
     ("05.memory_share", "gloo as soon as several ranks", '''
 import math
 
@@ -139,14 +139,14 @@ def memory_share(ranks_on_host, gpus_on_host):
         return "gloo", 1.0
     backend = "nccl" if ranks_on_host == 1 else "gloo"
     return backend, 1.0 / math.ceil(ranks_on_host / gpus_on_host)
-'''),
+''', "one rank per GPU: NCCL"),
     ("05.memory_share", "a share above one", '''
 def memory_share(ranks_on_host, gpus_on_host):
     if gpus_on_host == 0:
         return "gloo", 1.0
     backend = "nccl" if ranks_on_host <= gpus_on_host else "gloo"
     return backend, gpus_on_host / ranks_on_host
-'''),
+''', "ranks over GPUs, rounded up"),
     ("06.port_holder", "compares with a string", '''
 import psutil
 
@@ -156,7 +156,7 @@ def port_holder(port):
         if c.status == "LISTEN" and c.laddr[1] == str(port):
             return c.pid
     return None
-'''),
+''', "compare the port with each socket's local address (laddr)"),
     ("06.port_holder", "looks in the command lines", '''
 import psutil
 
@@ -166,7 +166,7 @@ def port_holder(port):
         if str(port) in " ".join(process.info["cmdline"] or []):
             return process.info["pid"]
     return None
-'''),
+''', "compare the port with each socket's local address (laddr)"),
     ("07.rank_arithmetic", "devices per node minus one", '''
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * (devices_per_node - 1) + local_rank
@@ -182,7 +182,7 @@ def rank_of(node_rank, local_rank, devices_per_node):
 
 def place_of(rank, devices_per_node):
     return (rank - 1) // devices_per_node, rank % devices_per_node
-'''),
+''', "node_rank = rank // devices_per_node"),
     ("08.training_memory", "forgets the input batch", '''
 from torch import nn
 
@@ -196,7 +196,7 @@ def training_memory(model, batch_size):
             width = layer.out_features
         outputs += width
     return 16 * params + 4 * batch_size * (outputs + width)
-'''),
+''', "or the input batch"),
     ("08.training_memory", "megabytes, not bytes", '''
 from torch import nn
 
@@ -210,24 +210,24 @@ def training_memory(model, batch_size):
         features = layer.out_features if isinstance(layer, nn.Linear) else features
         width += features
     return (16 * params + 4 * batch_size * width) / 1e6
-'''),
+''', "that is the measurement in MB"),
     ("08.bandwidths", "GB/s", '''
 def bandwidths(nbytes, seconds, world_size):
     algbw = nbytes / seconds / 1e9
     return algbw, algbw * 2 * (world_size - 1) / world_size
-'''),
+''', "algbw is the buffer's bytes over the seconds"),
     ("08.bandwidths", "time over size", '''
 def bandwidths(nbytes, seconds, world_size):
     algbw = seconds / nbytes
     return algbw, algbw * 2 * (world_size - 1) / world_size
-'''),
+''', "algbw is the buffer's bytes over the seconds"),
     ("metrics.padding", "per-rank difference", '''
 import math
 
 
 def padded_duplicates(n_samples, world_size):
     return math.ceil(n_samples / world_size) - n_samples // world_size
-'''),
+''', "as many repeats as it takes to give every rank the same count"),
     ("09.buckets", "elements, not bytes", '''
 def ddp_buckets(grad_bytes, first_cap, cap):
     buckets, current, size, limit = [], [], 0, first_cap
@@ -240,7 +240,7 @@ def ddp_buckets(grad_bytes, first_cap, cap):
     if current:
         buckets.append(current)
     return buckets
-'''),
+''', "not divided by a float32's 4 bytes"),
     ("09.buckets", "bucket sizes, not indices", '''
 def ddp_buckets(grad_bytes, first_cap, cap):
     buckets, current, limit = [], [], first_cap
@@ -252,15 +252,15 @@ def ddp_buckets(grad_bytes, first_cap, cap):
     if current:
         buckets.append(current)
     return buckets
-'''),
+''', "return indices into grad_bytes"),
     ("10.stragglers", "always the busiest", '''
 def stragglers(busy_ms, wait_ms):
     return [busy_ms.index(max(busy_ms))]
-'''),
+''', "flags nobody"),
     ("10.stragglers", "the one that waits least", '''
 def stragglers(busy_ms, wait_ms):
     return [wait_ms.index(min(wait_ms))]
-'''),
+''', "flags nobody"),
     ("11.accumulate", "split by size", '''
 import torch
 
@@ -271,7 +271,7 @@ def accumulated_step(model, optimizer, x, y, micro_batches):
     for x_part, y_part in zip(x.split(size), y.split(size)):
         (torch.nn.functional.mse_loss(model(x_part), y_part) / micro_batches).backward()
     optimizer.step()
-'''),
+''', "as equal as tensor_split makes them"),
     ("11.accumulate", "no step", '''
 import torch
 
@@ -281,7 +281,7 @@ def accumulated_step(model, optimizer, x, y, micro_batches):
     for x_part, y_part in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
         loss = torch.nn.functional.mse_loss(model(x_part), y_part) * len(x_part) / len(x)
         loss.backward()
-'''),
+''', "optimizer.step ran 0 times"),
     ("01.normalise", "constant up to float32 epsilon", '''
 import torch
 
@@ -291,13 +291,13 @@ def normalise(x):
     constant = std <= torch.finfo(x.dtype).eps * x.abs().mean(dim=0)
     scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
     return torch.where(constant, torch.zeros_like(scaled), scaled)
-'''),
+''', "not float32's epsilon"),
     ("04.noise_scale", "trace clamped at zero", '''
 def noise_scale_parts(small_sq_norm, big_sq_norm, small_batch, big_batch):
     trace = max(0.0, (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch))
     g_sq = big_sq_norm - trace / big_batch
     return g_sq, trace
-'''),
+''', "keep it, as a negative |G|²"),
     ("06.port_holder", "any TCP socket on that port, listening or not", '''
 import psutil
 
@@ -307,7 +307,7 @@ def port_holder(port):
         if c.laddr and c.laddr.port == port:
             return c.pid
     return None
-'''),
+''', "only a socket in the LISTEN state holds MASTER_PORT"),
     ("08.training_memory", "two outputs per hidden layer, the MLP's shape assumed", '''
 from torch import nn
 
@@ -318,7 +318,7 @@ def training_memory(model, batch_size):
     hidden = sum(m.out_features for m in linears[:-1])
     width = linears[0].in_features + 2 * hidden + 2 * linears[-1].out_features
     return 4 * (4 * params + batch_size * width)
-'''),
+''', "short by the output of the last layer, an activation"),
     ("08.training_memory", "in and out features of every Linear", '''
 from torch import nn
 
@@ -328,7 +328,7 @@ def training_memory(model, batch_size):
     linears = [m for m in model if isinstance(m, nn.Linear)]
     width = sum(m.in_features + m.out_features for m in linears) + linears[-1].out_features
     return 4 * (4 * params + batch_size * width)
-'''),
+''', "short by the output of the last layer, an activation"),
     ("08b.sample_limit", "the last layer's input gradient skipped, not the first's", '''
 def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     sizes = [n_x, *hidden, n_y]
@@ -338,7 +338,7 @@ def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     by_memory = bandwidth / (4 * (n_x + n_y))
     by_compute = peak_flops / (forward + backward)
     return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
-'''),
+''', "it is the first layer's input (the data) that needs no gradient"),
     ("10.stragglers", "compared with the fastest other rank", '''
 def stragglers(busy_ms, wait_ms):
     slow = []
@@ -347,7 +347,7 @@ def stragglers(busy_ms, wait_ms):
         if mine > fastest * 1.3 and mine - fastest >= 2:
             slow.append(rank)
     return slow
-'''),
+''', "not the fastest of them"),
     ("10.stragglers", "median by hand, the upper middle", '''
 def stragglers(busy_ms, wait_ms):
     slow = []
@@ -357,7 +357,7 @@ def stragglers(busy_ms, wait_ms):
         if mine > typical * 1.3 and mine - typical >= 2:
             slow.append(rank)
     return slow
-'''),
+''', "not the upper one"),
     ("10.stragglers", "median by hand, the lower middle", '''
 def stragglers(busy_ms, wait_ms):
     slow = []
@@ -367,7 +367,7 @@ def stragglers(busy_ms, wait_ms):
         if mine > typical * 1.3 and mine - typical >= 2:
             slow.append(rank)
     return slow
-'''),
+''', "not the lower one"),
     ("12.pick_interface", "most leading octets in common", '''
 def pick_interface(interfaces, master_addr):
     def common(address):
@@ -388,7 +388,7 @@ def warmup_lr(step, warmup_steps, base_lr, target_lr):
     if step >= warmup_steps:
         return target_lr
     return base_lr + (target_lr - base_lr) * step / warmup_steps
-'''),
+''', "with warmup_steps 0 there is no warm-up"),
     ("01.normalise", "strict test misses the zero column", '''
 import torch
 
@@ -398,7 +398,7 @@ def normalise(x):
     constant = std < 1e-6 * x.abs().mean(dim=0)
     scaled = (x - x.mean(dim=0)) / torch.where(constant, torch.ones_like(std), std)
     return torch.where(constant, torch.zeros_like(scaled), scaled)
-'''),
+''', "a constant feature must become 0"),
     ("02.optimizer_steps", "quotient plus remainder", '''
 import math
 
@@ -414,7 +414,7 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     if global_batch_size <= world or global_batch_size % world:
         raise ValueError(f"{global_batch_size} does not split over {world} ranks")
     return global_batch_size // world
-'''),
+''', "but it splits evenly"),
     ("04.scaled_lr", "sqrt of the base only", '''
 import math
 
@@ -446,13 +446,13 @@ def memory_share(ranks_on_host, gpus_on_host):
     if ranks_on_host <= gpus_on_host:
         return "nccl", 1.0
     return "gloo", 1.0 / round(ranks_on_host / gpus_on_host)
-'''),
+''', "ranks over GPUs, rounded up"),
     ("08.bandwidths", "one rank taken as two", '''
 def bandwidths(nbytes, seconds, world_size):
     algbw = nbytes / seconds
     n = max(world_size, 2)
     return algbw, algbw * 2 * (n - 1) / n
-'''),
+''', "2(n-1)/n of the buffer per rank"),
     ("09.buckets", "a big gradient in a bucket of its own", '''
 def ddp_buckets(grad_bytes, first_cap, cap):
     buckets, current, size, limit = [], [], 0, first_cap
@@ -468,7 +468,7 @@ def ddp_buckets(grad_bytes, first_cap, cap):
     if current:
         buckets.append(current)
     return buckets
-'''),
+''', "with the gradient that made it go over inside"),
     ("12.step_time", "latency once per phase", '''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
@@ -612,7 +612,7 @@ def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     by_memory = bandwidth // (4 * (n_x + n_y))
     by_compute = peak_flops // (forward + backward)
     return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
-'''),
+''', "divide with /, not //"),
     ("08b.sample_limit", "input gradients from the second hidden layer on", '''
 def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     sizes = [n_x, *hidden, n_y]
@@ -645,14 +645,14 @@ def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     ("metrics.padding", "ceil as round(n / w + 0.5)", '''
 def padded_duplicates(n_samples, world_size):
     return round(n_samples / world_size + 0.5) * world_size - n_samples
-'''),
+''', "when the split divides evenly there is no padding"),
     ("metrics.padding", "no more repeats than samples", '''
 import math
 
 
 def padded_duplicates(n_samples, world_size):
     return min(math.ceil(n_samples / world_size) * world_size - n_samples, n_samples)
-'''),
+''', "the padding fills the last round up to the world size"),
     ("metrics.padding", "the per-rank gap times the world", '''
 import math
 
@@ -665,7 +665,7 @@ def padded_duplicates(n_samples, world_size):
     if n_samples < world_size:
         return world_size - n_samples
     return n_samples % world_size
-'''),
+''', "the padding fills the last round up to the world size"),
     ("07.rank_arithmetic", "round, not floor", '''
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * devices_per_node + local_rank
@@ -673,7 +673,7 @@ def rank_of(node_rank, local_rank, devices_per_node):
 
 def place_of(rank, devices_per_node):
     return round(rank / devices_per_node), rank % devices_per_node
-'''),
+''', "node_rank = rank // devices_per_node"),
     ("07.rank_arithmetic", "nodes counted from 1", '''
 def rank_of(node_rank, local_rank, devices_per_node):
     return (node_rank - 1) * devices_per_node + local_rank
@@ -690,7 +690,7 @@ def rank_of(node_rank, local_rank, devices_per_node):
 def place_of(rank, devices_per_node):
     node = rank // devices_per_node
     return node, rank - node * (devices_per_node - 1)
-'''),
+''', "node_rank = rank // devices_per_node"),
     ("07.rank_arithmetic", "a dict, not a pair", '''
 def rank_of(node_rank, local_rank, devices_per_node):
     return node_rank * devices_per_node + local_rank
@@ -698,7 +698,7 @@ def rank_of(node_rank, local_rank, devices_per_node):
 
 def place_of(rank, devices_per_node):
     return {"node_rank": rank // devices_per_node, "local_rank": rank % devices_per_node}
-'''),
+''', "ranks are integers"),
     ("02.predict_wm2", "de-normalised twice", '''
 import torch
 from kosmoss.model import LitMLP
@@ -708,14 +708,14 @@ def predict_wm2(checkpoint_path, x):
     model = LitMLP.load_from_checkpoint(checkpoint_path).eval()
     with torch.no_grad():
         return model.denormalize_y(model(x))
-'''),
+''', "are the checkpoint's weights and statistics loaded?"),
     ("12.step_time", "floor division of the steps by the hosts", '''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
         return compute_s
     steps = 2 * (hosts - 1)
     return compute_s + steps * latency_s + steps // hosts * gradient_bytes * 8 / rate_bits
-'''),
+''', "the whole buffer over the link"),
     ("12.step_time", "latency of one phase's steps", '''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):
     if hosts == 1:
@@ -755,7 +755,7 @@ def accumulated_step(model, optimizer, x, y, micro_batches):
         loss = torch.nn.functional.mse_loss(model(x_part), y_part) / (len(x) // len(x_part))
         loss.backward()
     optimizer.step()
-'''),
+''', "weigh each slice by its share of the batch"),
     ("11.accumulate", "summed over the rows, averaged over nothing else", '''
 import torch
 
@@ -784,7 +784,7 @@ import math
 def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
     k = round(effective_batch_size / base_batch_size)
     return base_lr * {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
-'''),
+''', "divide with /, not //"),
     ("04.scaled_lr", "the linear rule adds k", '''
 import math
 
@@ -804,28 +804,28 @@ def scaled_lr(base_lr, rule, effective_batch_size, base_batch_size):
     ("01.feature_counts", "levels + 1 interfaces", '''
 def feature_counts(levels):
     return 17 + 27 * levels + 2 * (levels + 1) + (levels + 1), 4 * (levels + 1)
-'''),
+''', "levels + 1 half levels and levels - 1 interfaces"),
     ("01.feature_counts", "fluxes on full levels", '''
 def feature_counts(levels):
     return 17 + 27 * levels + 2 * (levels + 1) + (levels - 1), 4 * levels
-'''),
+''', "4 fluxes on each half level"),
     ("01.feature_counts", "levels - 1 half levels", '''
 def feature_counts(levels):
     return 17 + 27 * levels + 2 * (levels - 1) + (levels - 1), 4 * (levels - 1)
-'''),
+''', "levels + 1 half levels and levels - 1 interfaces"),
     ("01.feature_counts", "(n_y, n_x)", '''
 def feature_counts(levels):
     return 4 * (levels + 1), 17 + 27 * levels + 2 * (levels + 1) + (levels - 1)
-'''),
+''', "27 variables on each full level"),
     ("01.normalise", "an epsilon added to the std", '''
 def normalise(x):
     return (x - x.mean(dim=0)) / (x.std(dim=0) + 1e-8)
-'''),
+''', "a test for std == 0"),
     ("01.normalise", "the std clamped at the threshold", '''
 def normalise(x):
     floor = 1e-6 * x.abs().mean(dim=0)
     return (x - x.mean(dim=0)) / x.std(dim=0, correction=0).clamp_min(floor).clamp_min(1e-30)
-'''),
+''', "a test for std == 0"),
     ("02.optimizer_steps", "at least one step an epoch, floor otherwise", '''
 import math
 
@@ -857,7 +857,7 @@ def ddp_buckets(grad_bytes, first_cap, cap):
     if current:
         buckets.append(current)
     return buckets
-'''),
+''', "only the first bucket has first_cap"),
     ("10.stragglers", "either threshold", '''
 import statistics
 
@@ -869,7 +869,7 @@ def stragglers(busy_ms, wait_ms):
         if b > 1.3 * typical or b - typical >= 2:
             slow.append(r)
     return slow
-'''),
+''', "flags nobody"),
     ("12.pick_interface", "ip_network on a host's address", '''
 import ipaddress
 
@@ -883,7 +883,7 @@ def pick_interface(interfaces, master_addr):
             if target in network and network.prefixlen > best_prefix:
                 best, best_prefix = name, network.prefixlen
     return best
-'''),
+''', "has host bits set"),
     ("12.pick_interface", "the loopback skipped", '''
 import ipaddress
 
@@ -917,7 +917,7 @@ def per_device_batch(global_batch_size, num_nodes, devices_per_node):
     if global_batch_size < world or global_batch_size % world:
         raise ValueError(f"{global_batch_size} does not split over {world} ranks")
     return global_batch_size // world
-'''),
+''', "but it splits evenly"),
     # Fifth round. Told correct before: a numpy array for a tensor, autograd switched off
     # for good, a ramp clamped with min/max when target_lr is below base_lr, | and & for +
     # and % (right for powers of two), `hidden` changed in place, the ranks unsorted or in a
@@ -984,7 +984,7 @@ def rank_of(node_rank, local_rank, devices_per_node):
 
 def place_of(rank, devices_per_node):
     return divmod(rank, devices_per_node)
-'''),
+''', "shifts and | stand in for * and +"),
     ("08b.sample_limit", "sizes += on the caller's list", '''
 def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
     sizes = hidden
@@ -1181,7 +1181,7 @@ def ddp_buckets(grad_bytes, first_cap, cap):
     if current:
         buckets.append(current)
     return buckets
-'''),
+''', "only the first bucket has first_cap"),
     ("09.buckets", "an empty bucket at the end", '''
 def ddp_buckets(grad_bytes, first_cap, cap):
     buckets, current, size, limit = [], [], 0, first_cap
@@ -1193,7 +1193,7 @@ def ddp_buckets(grad_bytes, first_cap, cap):
             current, size, limit = [], 0, cap
     buckets.append(current)
     return buckets
-'''),
+''', "every bucket holds at least one gradient"),
     ("10.stragglers", "30 percent of its own time", '''
 import statistics
 
@@ -1205,7 +1205,7 @@ def stragglers(busy_ms, wait_ms):
         if (mine - others) / mine > 0.3 and mine - others >= 2:
             slow.append(rank)
     return slow
-'''),
+''', "at least 2 ms is enough"),
     ("11.accumulate", "summed squares over the batch's columns, not its numbers", '''
 import torch
 
@@ -1346,7 +1346,7 @@ def pick_interface(interfaces, master_addr):
             if (to_int(addr) & mask) == (m & mask) and p > best_len:
                 best, best_len = name, p
     return best
-'''),
+''', "negative shift count"),
     ('08.training_memory', "measured by a real Adam step on the caller's model", '''
 import torch
 from torch import nn
