@@ -504,6 +504,34 @@ def pick_interface(interfaces, master_addr):
                 best, best_prefix = name, int(prefix)
     return best
 ''', "no whole number of octets"),
+    ("07.rank_arithmetic", "the node only", '''
+def rank_of(node_rank, local_rank, devices_per_node):
+    return node_rank * devices_per_node + local_rank
+
+
+def place_of(rank, devices_per_node):
+    return rank // devices_per_node
+''', "return a pair (node_rank, local_rank)"),
+    ("08b.sample_limit", "the rate without its bound", '''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    sizes = [n_x, *hidden, n_y]
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    forward = sum(2 * i * o for i, o in layers)
+    backward = forward + sum(2 * i * o for i, o in layers[1:])
+    return min(bandwidth / (4 * (n_x + n_y)), peak_flops / (forward + backward))
+''', "return (samples_per_s, bound)"),
+    ("10.stragglers", "the median of the others, one rank left unguarded", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = statistics.median(busy_ms[:rank] + busy_ms[rank + 1:])
+        if mine > others * 1.3 and mine - others >= 2:
+            slow.append(rank)
+    return slow
+''', "a rank alone holds back nobody"),
     ("06.port_holder", "the connections listed once, on the first call", '''
 import psutil
 
