@@ -263,6 +263,14 @@ def row_parallel_forward(h_local, weight_local, bias):
         out = out + bias  # one rank adds it: the sum holds it once
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
+''', '''
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):  # a share of the bias on each rank
+    partial = h_local @ weight_local.T + bias / dist.get_world_size()
+    dist.all_reduce(partial)
+    return partial
 '''],
     "09.buckets": ['''
 def ddp_buckets(grad_bytes, first_cap, cap):
@@ -402,6 +410,21 @@ def zero1_step(params, state, lr):  # every broadcast launched at once, then all
         handles = [dist.broadcast(p, src=i % world, async_op=True) for i, p in enumerate(params)]
         for handle in handles:
             handle.wait()
+''', '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):  # the buffers keyed by the parameter, not its index
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for index, param in enumerate(params):
+            owner = index % world_size
+            if owner == rank:
+                buf = state.setdefault(id(param), torch.zeros_like(param))
+                buf.mul_(0.9).add_(param.grad)
+                param.sub_(lr * buf)
+            dist.broadcast(param, src=owner)
 '''],
     "12.step_time": ['''
 def predicted_step_s(compute_s, gradient_bytes, hosts, rate_bits, latency_s):

@@ -2330,6 +2330,31 @@ def sum_stats(stats):
         stats[k] = t.item()
     return stats
 ''', 'return a new dict'),
+    ("03.average_gradients", "launched asynchronously, divided before it ends", '''
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    world = dist.get_world_size()
+    works = []
+    for p in model.parameters():
+        if p.grad is not None:
+            works.append(dist.all_reduce(p.grad, async_op=True))
+            p.grad /= world
+    for work in works:
+        work.wait()
+'''),
+    ("10.sum_stats", "the names in a set's order (string hashes differ between processes)", '''
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = list(set(stats))
+    values = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(names, values.tolist()))
+''', "the ranks reduced their entries in different orders"),
 ]
 
 
