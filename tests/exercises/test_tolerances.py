@@ -5,15 +5,17 @@ These run the checkers' own tolerance functions, in this process (no ranks neede
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kosmoss.exercises import (lesson01, lesson03, lesson04, lesson08, lesson09, lesson09b,
                                lesson11, metrics)
-from kosmoss.exercises.tolerance import float64_close
+from kosmoss.exercises.tolerance import FLOAT32_UNIT, FLOAT64_UNIT, float64_close, gamma
 
 SETTINGS = settings(max_examples=60, deadline=None)
 ranks = st.integers(min_value=2, max_value=4)
@@ -298,3 +300,22 @@ def test_ddp_computed_in_any_order_is_inside_the_wrappers_tolerance(n, order, di
     # a rank's gradient left out is far outside
     halved = _trajectory(n, ranks_in_order[1:], divide_first)
     assert float((halved["grads"][0] - exact["grads"][0]).abs().max()) > 10 * limits["grads"][0]
+
+
+@SETTINGS
+@given(n=st.integers(1, 2000), unit=st.sampled_from([FLOAT32_UNIT, FLOAT64_UNIT]))
+def test_gamma_bounds_n_roundings_and_is_no_wider_than_highams(n, unit):
+    """Higham's Lemma 3.1: n roundings in a row multiply by at most (1 + u)^n, and
+    (1 + u)^n - 1 <= γ_n = n·u / (1 - n·u); both sides in exact rational arithmetic, so a
+    bound halved, or taken to first order only (n·u), fails here."""
+    worst = (1 + Fraction(unit)) ** n - 1
+    highams = Fraction(n * unit) / (1 - Fraction(n * unit))
+    # gamma itself runs in float64: a few roundings of its own above Higham's exact γ_n
+    assert worst <= Fraction(gamma(n, unit)) <= highams * (1 + Fraction(4 * FLOAT64_UNIT))
+
+
+def test_gamma_refuses_as_many_roundings_as_leave_no_bound():
+    assert math.isfinite(gamma(2 ** 24 - 1))
+    for n in (2 ** 24, 2 ** 25):  # n·u >= 1: (1 + u)^n - 1 is no longer below any γ
+        with pytest.raises(ValueError, match=f"{n} roundings"):
+            gamma(n)
