@@ -8,12 +8,11 @@ processes against the single-process layer and for its one all-reduce.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, List
+from typing import List
 
 from .core import Exercise, Mistake, failed, learner, passed
 from .tolerance import FLOAT32_UNIT, gamma
-from .watch import watched
+from .watch import called, watched
 
 LR, MOMENTUM = 0.1, 0.9
 
@@ -654,32 +653,6 @@ def _row_inputs(case: tuple, seed: int):
             torch.randn(outputs, generator=generator))
 
 
-@contextmanager
-def _collectives_called(seen: List[tuple]) -> Iterator[None]:
-    """Record every collective the cell calls (its name and elements), in both namespaces
-    a cell reaches them through; restore them afterwards."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    saved = []
-    for name in ROW_COLLECTIVES:
-        original = getattr(distributed_c10d, name)
-
-        def recorded(*args, _name=name, _original=original, **kwargs):
-            tensor = args[0] if args else None
-            seen.append((_name, int(tensor.numel()) if hasattr(tensor, "numel") else -1))
-            return _original(*args, **kwargs)
-
-        for module in (dist, distributed_c10d):
-            saved.append((module, name, getattr(module, name)))
-            setattr(module, name, recorded)
-    try:
-        yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
-
-
 def row_rank_task(namespace: dict, rank: int, world_size: int) -> list:
     import torch
 
@@ -689,7 +662,7 @@ def row_rank_task(namespace: dict, rank: int, world_size: int) -> list:
         h, weight, bias = _row_inputs(case, index)
         columns = torch.tensor_split(torch.arange(case[1]), world_size)[rank]
         seen: List[tuple] = []
-        with _collectives_called(seen):
+        with called(ROW_COLLECTIVES, seen):
             got = mine(h[:, columns].clone(), weight[:, columns].clone(), bias.clone())
         results.append({"got": got.detach().clone() if torch.is_tensor(got) else got,
                         "seen": seen, "columns": len(columns)})

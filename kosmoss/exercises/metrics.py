@@ -9,6 +9,7 @@ from typing import List
 
 from .core import Exercise, Mistake, failed, is_integer, learner, number_hint, passed
 from .tolerance import gamma
+from .watch import called
 
 NOTEBOOK_GLOB = "*metrics*"  # the lab's notebook: its file name contains "metrics"
 # Samples per rank at each world size: uneven, as the last batch of a split is; at 4 ranks
@@ -96,6 +97,16 @@ def exact_val_loss(losses):
     dist.reduce(totals, dst=0)
     return totals[0] / totals[1]
 """, "it was not reduced over the ranks"),
+    "every loss gathered to every rank": Mistake("""
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, losses.tolist())
+    values = [v for part in gathered for v in part]
+    return sum(values) / len(values)
+""", "sends every sample's loss to the other ranks"),
 }
 
 
@@ -117,14 +128,38 @@ def exact_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
 
     every, mine = _losses(rank, world_size)
     given = mine.clone()  # compared afterwards: the caller's losses must be left as they were
-    got = learner(namespace, "exact_val_loss")(given)
+    seen: List[tuple] = []
+    with called(GATHERS, seen, _sent):
+        got = learner(namespace, "exact_val_loss")(given)
     value = float(got.item() if hasattr(got, "item") else got)
     local = mine.double()
     return {"got": value, "expected": float(every.double().mean()),
             "local_mean": float(local.mean()) if len(local) else float("nan"),
             "local_sum": float(local.sum()), "samples": mine.numel(),
             "shape": list(got.shape) if isinstance(got, torch.Tensor) else [],
-            "changed_input": not torch.equal(given, mine)}
+            "changed_input": not torch.equal(given, mine),
+            "gathered": [name for name, elements in seen if elements >= max(mine.numel(), 3)]}
+
+
+# What sends a rank's whole share (its per-sample losses, pickled or as a tensor) to others.
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
+           "gather_object", "broadcast", "broadcast_object_list")
+
+
+def _sent(name: str, args: tuple) -> int:
+    """How many numbers a gather or broadcast sends from this rank: its input's elements
+    (a tensor's, or a sequence's length; an object counts one)."""
+    sent = args[1] if name in ("all_gather", "all_gather_into_tensor", "all_gather_object") \
+        else args[0]
+    if name == "broadcast_object_list":
+        return sum(_elements(item) for item in sent)
+    return _elements(sent)
+
+
+def _elements(value) -> int:
+    if hasattr(value, "numel"):
+        return int(value.numel())
+    return len(value) if isinstance(value, (list, tuple)) else 1
 
 
 def exact_tolerance(ranks: List[dict]) -> float:
@@ -156,6 +191,12 @@ def exact_judge(ranks: List[dict]) -> tuple:
         return failed("the right loss, but your exact_val_loss changed its input losses in "
                       "place (losses /= n, or an all_reduce on losses itself): the caller "
                       "still holds these per-sample losses — reduce a new tensor")
+    gathered = sorted({name for r in ranks for name in r.get("gathered", [])})
+    if gathered:
+        return failed(f"the right loss, but your exact_val_loss sends every sample's loss to "
+                      f"the other ranks ({', '.join(gathered)}): a split of a million columns "
+                      "would send a million numbers to each — all_reduce two, the sum and the "
+                      "count, as the statement asks")
     return passed(f"{values[0]:.6g} on every rank ({shares} samples) equals the single-process "
                   f"loss to {gap:.0e}")
 

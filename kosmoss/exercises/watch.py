@@ -62,3 +62,41 @@ def watched(name: str, events: list, phase: List[str], handles: Optional[list] =
     finally:
         for module, function in saved:
             setattr(module, name, function)
+
+
+@contextmanager
+def called(names, seen: List[tuple], size=None) -> Iterator[None]:
+    """Record every call of the collectives ``names`` (its name, and ``size(name, args)``:
+    by default the elements of its first argument, -1 for a list), in both namespaces a
+    cell reaches them through; restore them afterwards."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    saved, inside = [], []  # inside: the call being recorded (all_gather_object calls
+    # all_gather on its pickled bytes; the learner called the one, not the other)
+    for name in names:
+        original = getattr(distributed_c10d, name)
+
+        def recorded(*args, _name=name, _original=original, **kwargs):
+            if inside:
+                return _original(*args, **kwargs)
+            seen.append((_name, (size or _first_elements)(_name, args)))
+            inside.append(_name)
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        for module in (dist, distributed_c10d):
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, recorded)
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
+
+
+def _first_elements(name: str, args: tuple) -> int:
+    tensor = args[0] if args else None
+    return int(tensor.numel()) if hasattr(tensor, "numel") else -1

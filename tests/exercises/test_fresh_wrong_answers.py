@@ -2355,6 +2355,23 @@ def sum_stats(stats):
     dist.all_reduce(values)
     return dict(zip(names, values.tolist()))
 ''', "the ranks reduced their entries in different orders"),
+    ("metrics.exact_val_loss", "every loss padded to the longest share and all_gathered", '''
+import torch
+import torch.distributed as dist
+
+
+def exact_val_loss(losses):
+    count = torch.tensor([losses.numel()])
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    longest = int(max(counts))
+    padded = torch.zeros(longest)
+    padded[:losses.numel()] = losses
+    parts = [torch.zeros(longest) for _ in counts]
+    dist.all_gather(parts, padded)
+    values = torch.cat([part[:int(n)] for part, n in zip(parts, counts)])
+    return float(values.double().mean())
+''', "sends every sample's loss to the other ranks (all_gather)"),
 ]
 
 
