@@ -146,13 +146,18 @@ GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather"
            "gather_object", "broadcast", "broadcast_object_list")
 
 
-def _sent(name: str, args: tuple) -> int:
+# The parameter holding what a rank sends, in torch.distributed's signatures.
+SENT = {"all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
+        "all_gather_object": "obj", "gather": "tensor", "gather_object": "obj",
+        "broadcast": "tensor", "broadcast_object_list": "object_list"}
+
+
+def _sent(name: str, arguments: dict) -> int:
     """How many numbers a gather or broadcast sends from this rank: its input's elements
     (a tensor's, or a sequence's length; an object counts one)."""
-    sent = args[1] if name in ("all_gather", "all_gather_into_tensor", "all_gather_object") \
-        else args[0]
+    sent = arguments.get(SENT[name])
     if name == "broadcast_object_list":
-        return sum(_elements(item) for item in sent)
+        return sum(_elements(item) for item in sent or [])
     return _elements(sent)
 
 

@@ -66,9 +66,12 @@ def watched(name: str, events: list, phase: List[str], handles: Optional[list] =
 
 @contextmanager
 def called(names, seen: List[tuple], size=None) -> Iterator[None]:
-    """Record every call of the collectives ``names`` (its name, and ``size(name, args)``:
-    by default the elements of its first argument, -1 for a list), in both namespaces a
-    cell reaches them through; restore them afterwards."""
+    """Record every call of the collectives ``names`` (its name, and ``size(name,
+    arguments)``, the arguments by parameter name: by default the elements of the first,
+    -1 for a list or when they do not bind), in both namespaces a cell reaches them
+    through; restore them afterwards."""
+    import inspect
+
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
@@ -80,7 +83,12 @@ def called(names, seen: List[tuple], size=None) -> Iterator[None]:
         def recorded(*args, _name=name, _original=original, **kwargs):
             if inside:
                 return _original(*args, **kwargs)
-            seen.append((_name, (size or _first_elements)(_name, args)))
+            try:  # the learner's call, wrong or not, is torch's to refuse
+                arguments = inspect.signature(_original).bind(*args, **kwargs).arguments
+                elements = (size or _first_elements)(_name, arguments)
+            except (TypeError, ValueError):
+                elements = -1
+            seen.append((_name, elements))
             inside.append(_name)
             try:
                 return _original(*args, **kwargs)
@@ -97,6 +105,6 @@ def called(names, seen: List[tuple], size=None) -> Iterator[None]:
             setattr(module, name, original)
 
 
-def _first_elements(name: str, args: tuple) -> int:
-    tensor = args[0] if args else None
+def _first_elements(name: str, arguments: dict) -> int:
+    tensor = next(iter(arguments.values()), None)
     return int(tensor.numel()) if hasattr(tensor, "numel") else -1

@@ -345,7 +345,8 @@ import torch.distributed as dist
 
 def exact_val_loss(losses):  # two numbers a rank, gathered as torchmetrics syncs its states
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (float(losses.double().sum()), losses.numel()))
+    dist.all_gather_object(object_list=gathered,
+                           obj=(float(losses.double().sum()), losses.numel()))
     return sum(total for total, _ in gathered) / sum(count for _, count in gathered)
 '''],
     "09.ring_all_reduce": ['''
