@@ -83,10 +83,10 @@ def called(names, seen: List[tuple], size=None) -> Iterator[None]:
         def recorded(*args, _name=name, _original=original, **kwargs):
             if inside:
                 return _original(*args, **kwargs)
-            try:  # the learner's call, wrong or not, is torch's to refuse
+            try:  # the learner's call, wrong or not, is torch's to refuse, not the recorder's
                 arguments = inspect.signature(_original).bind(*args, **kwargs).arguments
                 elements = (size or _first_elements)(_name, arguments)
-            except (TypeError, ValueError):
+            except Exception:  # arguments that do not bind, or that no size can be read of
                 elements = -1
             seen.append((_name, elements))
             inside.append(_name)
