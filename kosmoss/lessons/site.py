@@ -510,7 +510,11 @@ def _stopping_client(base):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(group, signal.SIGKILL)
             if self.km is not None:
-                self._cleanup_kernel()
+                # A stop while the kernel started leaves jupyter_client's ready future settled
+                # (its in_pending_state wrapper): the shutdown then fails to record its own
+                # error, after nbclient's cleanup_resources ran and the group was killed above.
+                with contextlib.suppress(asyncio.InvalidStateError):
+                    self._cleanup_kernel()
 
     return StoppingClient
 

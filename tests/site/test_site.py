@@ -456,3 +456,33 @@ def _runs(program: str, process) -> bool:
         return program in " ".join(process.cmdline())
     except psutil.Error:
         return False
+
+
+def test_a_shutdown_that_cannot_record_its_error_does_not_hide_the_stop():
+    """The stop above, when it lands while the kernel starts, can leave jupyter_client's
+    ready future settled: the kernel's shutdown then raises asyncio.InvalidStateError from
+    jupyter_client's own wrapper (seen once in CI). end_kernel has killed the kernel's
+    group by then; that error must not replace the stop."""
+    import asyncio
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    from kosmoss.lessons.site import _stopping_client
+
+    class SettledManager:  # what a KernelManager whose start was interrupted does
+        provisioner, cleaned = None, False
+
+        async def is_alive(self):
+            return True
+
+        async def shutdown_kernel(self, now=False):
+            raise asyncio.InvalidStateError("invalid state")
+
+        async def cleanup_resources(self, restart=False):
+            SettledManager.cleaned = True
+
+    client = _stopping_client(NotebookClient)(nbformat.v4.new_notebook(), kernel_name="python3")
+    client.km = SettledManager()
+    client.end_kernel()
+    assert SettledManager.cleaned  # nbclient's cleanup still ran
