@@ -129,7 +129,7 @@ def exact_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     every, mine = _losses(rank, world_size)
     given = mine.clone()  # compared afterwards: the caller's losses must be left as they were
     seen: List[tuple] = []
-    with called(GATHERS, seen, _sent):
+    with called(SENT, seen, _sent):
         got = learner(namespace, "exact_val_loss")(given)
     value = float(got.item() if hasattr(got, "item") else got)
     local = mine.double()
@@ -138,18 +138,22 @@ def exact_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
             "local_sum": float(local.sum()), "samples": mine.numel(),
             "shape": list(got.shape) if isinstance(got, torch.Tensor) else [],
             "changed_input": not torch.equal(given, mine),
-            "gathered": [name for name, elements in seen if elements >= max(mine.numel(), 3)]}
+            "gathered": [name for name, elements in seen
+                         if _every_loss(name, elements, mine.numel(), every.numel())]}
 
 
-# What sends a rank's whole share (its per-sample losses, pickled or as a tensor) to others.
-GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
-           "gather_object", "broadcast", "broadcast_object_list")
-
-
-# The parameter holding what a rank sends, in torch.distributed's signatures.
-SENT = {"all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
+# The collectives through which a cell could send every loss instead of two numbers, and
+# the parameter holding what a rank sends, in torch.distributed's signatures.
+SENT = {"all_reduce": "tensor", "all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
         "all_gather_object": "obj", "gather": "tensor", "gather_object": "obj",
         "broadcast": "tensor", "broadcast_object_list": "object_list"}
+
+
+def _every_loss(name: str, elements: int, share: int, split: int) -> bool:
+    """Whether a collective carried every loss: a gather or broadcast of this rank's share,
+    or an all_reduce of a buffer as long as the split (each rank's losses at its offset;
+    a count per rank, or a sum and a count per rank, are shorter)."""
+    return elements >= (split if name == "all_reduce" else max(share, 3))
 
 
 def _sent(name: str, arguments: dict) -> int:

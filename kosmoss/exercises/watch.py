@@ -80,11 +80,12 @@ def called(names, seen: List[tuple], size=None) -> Iterator[None]:
     for name in names:
         original = getattr(distributed_c10d, name)
 
-        def recorded(*args, _name=name, _original=original, **kwargs):
+        def recorded(*args, _name=name, _original=original,
+                     _signature=inspect.signature(original), **kwargs):
             if inside:
                 return _original(*args, **kwargs)
             try:  # the learner's call, wrong or not, is torch's to refuse, not the recorder's
-                arguments = inspect.signature(_original).bind(*args, **kwargs).arguments
+                arguments = _signature.bind(*args, **kwargs).arguments
                 elements = (size or _first_elements)(_name, arguments)
             except Exception:  # arguments that do not bind, or that no size can be read of
                 elements = -1
