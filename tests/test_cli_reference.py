@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -40,8 +41,20 @@ def test_every_command_has_its_section(generated):
     commands = [command for command, _ in generated]
     assert commands[:4] == ["", "trainup_cpu.py", "trainup_gpu.py", "kosmoss"]
     for name in ("data", "data prepare", "data info", "train", "bench", "ghosts", "env",
-                 "lessons", "check", "comm", "project", "stacks", "watch"):
+                 "lessons", "check", "comm", "project", "stacks", "watch", "hosts", "hosts up",
+                 "hosts exec", "hosts status", "hosts down"):
         assert f"kosmoss {name}" in commands
+
+
+def test_the_readme_names_every_subcommand_kosmoss_registers():
+    from kosmoss.cli import build_parser
+
+    subparsers = next(action for action in build_parser()._actions
+                      if isinstance(action, argparse._SubParsersAction))
+    readme = (REPO / "README.md").read_text()
+    listed = re.findall(r"`(\w+)`", re.search(r"`kosmoss --help` lists the subcommands \(([^)]*)\)",
+                                               readme).group(1))
+    assert listed == list(subparsers.choices), "README.md's list of subcommands is stale"
 
 
 def test_the_scripts_sections_come_from_their_real_parsers(cli_reference, generated):
