@@ -1,6 +1,7 @@
 """trainup_cpu.py as a user runs it: real processes, real gloo DDP, real exit codes."""
 import csv
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -35,6 +36,9 @@ def test_two_process_gloo_ddp(shared_home, tmp_path):
     assert (result["global_batch_size"], result["per_device_batch_size"]) == (128, 64)
     assert result["lr"] == pytest.approx(2 * result["base_lr"])
     assert len(result["replica_checksums"]) == 2 and result["replicas_identical"]
+    # Lightning gives each rank cores / ranks threads, unless OMP_NUM_THREADS says how many
+    cores_each = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert result["torch_threads"] == int(os.environ.get("OMP_NUM_THREADS", cores_each))
     assert result["global_step"] == 2 * (1638 // 128 + 1)
     assert result["train_samples_per_s"] > 0 and result["test_loss"] < result["mean_baseline_loss"]
     assert proc.stdout.count("per-device batch") == 1  # the arithmetic, printed once

@@ -123,6 +123,7 @@ class ThroughputMeter(LeanCallback):
         self.step_time_cv: List[float] = []
         self.trained_from_step: Optional[int] = None
         self.restored_curve = False  # the curve before this attempt came from its checkpoint
+        self.threads_before: Optional[int] = None  # torch threads of the run that saved it
         self._fit_start = 0.0
         # Several steps a loop step (kosmoss.run.chunks): from one chunk's last step to the
         # next chunk's first batch runs Lightning's loop alone, once per chunk.
@@ -142,11 +143,12 @@ class ThroughputMeter(LeanCallback):
 
     def state_dict(self) -> dict:
         # In every checkpoint: a resume, even from a killed attempt's, keeps the curve.
-        return {"val_curve": list(self.val_curve)}
+        return {"val_curve": list(self.val_curve), "torch_threads": torch.get_num_threads()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.val_curve = list(state_dict.get("val_curve", []))
         self.restored_curve = True
+        self.threads_before = state_dict.get("torch_threads")  # absent before 2026-12-03
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -29,6 +29,8 @@ def report(plan: RunPlan, outcome: Outcome, *, echo: Callable[[str], None]) -> d
     result is written: its line is the summary."""
     result = result_of(plan, outcome)
     if outcome.is_global_zero:
+        for warning in threads_changed(plan, outcome):  # known once the checkpoint is loaded
+            echo(f"warning: {warning}")
         failure = write_results(result, plan.run_dir, plan.config.result_json)
         if not outcome.diverged:
             echo(summary(result))
@@ -57,6 +59,9 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "first_step_unix": meter.first_step_unix,
         "val_curve": (meter.val_curve if meter.restored_curve
                       else earlier_val_curve(plan) + meter.val_curve),
+        # This process's intra-op threads: a matmul's rounding depends on them, so two runs
+        # are bit for bit alike only with as many (Lightning gives each of N ranks cores / N).
+        "torch_threads": torch_threads(),
         "peak_host_rss_mib": meter.peak_host_rss_mib,
         # What the memory check counted for one rank (kosmoss.run.memory), beside the peaks.
         "memory_estimate_mib": (plan.memory_need.total / 2**20 if plan.memory_need else None),
@@ -77,7 +82,8 @@ def result_of(plan: RunPlan, outcome: Outcome) -> dict:
         "resumed_from_step": plan.resumed_from_step,
         "trained_from_step": meter.trained_from_step,
         "collective_timeout_s": plan.collective_timeout.total_seconds(),
-        "warnings": list(plan.warnings) + list(outcome.extra.get("warnings", [])),
+        "warnings": (list(plan.warnings) + list(outcome.extra.get("warnings", []))
+                     + threads_changed(plan, outcome)),
         "compile": config.compile,
         "compiled_graphs": outcome.extra.get("compiled_graphs"),  # torch.compile's, this process
         "cuda_graphs": outcome.extra.get("cuda_graphs"),
@@ -140,6 +146,23 @@ def summary(result: dict) -> str:
 def mean_baseline_loss(stats: Statistics) -> float:
     """Loss of always predicting the mean, on normalised targets: the bar to beat."""
     return float(np.mean((stats.y_std / stats.y_scale()) ** 2))
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def threads_changed(plan: RunPlan, outcome: Outcome) -> List[str]:
+    """A resume on the CPU with other torch threads than the run that saved its checkpoint:
+    exact in steps, data order and rows, not in the weights' last bits (docs/reliability.md)."""
+    before, now = outcome.meter.threads_before, torch_threads()
+    if before is None or before == now or plan.policy.gpu:
+        return []
+    return [f"resumed on {now} torch threads where the checkpoint was saved on {before}: the "
+            f"steps, data order and rows continue exactly, the weights' last bits differ from "
+            f"a run never stopped (OMP_NUM_THREADS={before} keeps them alike)"]
 
 
 def versions() -> dict:

@@ -22,6 +22,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 from ..core.errors import ConfigError
 from ..core.files import read_json_object
 from ..launch import records
+from . import lightning_private as private
 from .config import RunConfig, run_folder
 from .flags import flag_names
 from .preemption import CHECKPOINT as PREEMPTED
@@ -101,6 +102,7 @@ def find(config: RunConfig) -> ResumePoint:
     stored = _stored_run(run_dir, config.resume)
     merged, notes = merge(config, stored.get("config") or {}, config.resume)
     checkpoint, content = readable_checkpoint(run_dir, named, config.resume)
+    _check_limits_ahead(merged, content, _given(config), stored.get("config") or {}, run_dir.name)
     hparams = content.get("hyper_parameters") or {}
     model = (hparams.get("in_channels"), tuple(hparams.get("hidden_channels") or ()),
              hparams.get("out_channels"))
@@ -187,6 +189,31 @@ def _check_asked_further(resume: str, stored: dict, merged: RunConfig) -> None:
                           "give a larger --max-epochs or --max-steps than it had "
                           f"({stored.get('max_epochs')} epochs, max steps "
                           f"{stored.get('max_steps')})")
+
+
+def _check_limits_ahead(merged: RunConfig, content: dict, given: FrozenSet[str], stored: dict,
+                        run_id: str) -> None:
+    """A --max-steps or --max-epochs below where the checkpoint stands is refused before
+    the run's record takes it: Lightning raised for epochs (then every bare resume did, the
+    record holding the low limit), and a step limit ended the stopped run at once, finished."""
+    step, done = int(content.get("global_step", 0)), int(content.get("epoch", 0))
+    loops = private.fit_loop_state(content)
+    loader = private.loader_states(loops)[0] if loops else {}
+    # Inside epoch ``done`` (not at the end of the one before, whose loader says done - 1).
+    partial = loader.get("epoch") == done and (loader.get("batches_done") or 0) > 0
+    for name, past in (("max_steps", step > merged.max_steps),
+                       ("max_epochs", done > merged.max_epochs or
+                        (partial and done == merged.max_epochs))):
+        limit = getattr(merged, name)
+        if limit is None or limit == -1 or not past:  # at it: nothing left, the run finishes
+            continue
+        theirs = "no limit" if stored.get(name) == -1 else stored.get(name)
+        keep = f", or drop it to keep the run's {theirs}" if name in given and \
+            name in stored else ""
+        raise ConfigError(name, f"{{field}} {limit}: run {run_id} is past it, its checkpoint at "
+                          f"step {step} with {done} epoch(s) done"
+                          f"{' and part of the next' if partial else ''}; give a larger "
+                          f"{{field}}{keep}")
 
 
 def readable_checkpoint(run_dir: Path, named: Optional[Path], resume: str) -> Tuple[Path, dict]:

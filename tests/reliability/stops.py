@@ -152,9 +152,16 @@ class Finished:
 
 def compare(resumed: Finished, straight: Finished) -> Optional[str]:
     """The first difference from the straight run, in words; None when there is none."""
-    for name, value in straight.weights.items():
-        if not torch.equal(resumed.weights[name], value):
-            return f"weight {name} differs"
+    differ = {name: (resumed.weights[name] - value).abs().max().item()
+              for name, value in straight.weights.items()
+              if not torch.equal(resumed.weights[name], value)}
+    if differ:  # by how much, and where the runs' step and rows stand: rounding or a lost step
+        said = ", ".join(f"{name} by up to {gap:.3g}" for name, gap in differ.items())
+        steps = (resumed.result["global_step"], straight.result["global_step"])
+        return (f"weights differ: {said} (global_step {steps[0]}, the straight run's {steps[1]}; "
+                f"rows {'the same' if resumed.rows == straight.rows else 'differ too'}; "
+                f"torch threads {resumed.result.get('torch_threads')}, the straight run's "
+                f"{straight.result.get('torch_threads')})")
     for index, (mine, theirs) in enumerate(zip(resumed.rows, straight.rows)):
         if mine != theirs:
             return f"metrics.csv row {index + 1}: {mine} instead of {theirs}"

@@ -74,7 +74,34 @@ def _stop_and_resume(home, monkeypatch, flags, stop: SignalAt, expected: int) ->
         (signal.Signals(stop.sig).name, expected), stopped
     resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"])
     assert resumed["resumed_from_step"] == resumed["trained_from_step"] == expected, resumed
+    assert not [w for w in resumed["warnings"] if "torch threads" in w], resumed["warnings"]
     return Finished.of(resumed["run_dir"])
+
+
+def test_a_resume_on_other_torch_threads_says_its_weights_will_not_match_bit_for_bit(
+        tmp_path, monkeypatch, tiny, epoch, straight):
+    """A matmul's rounding depends on its threads: the resume continues every step and row,
+    and says that its weights' last bits cannot be the straight run's."""
+    flags, home = _flags(tiny, epoch, 1), tmp_path / "home"
+    stopped = run_in_process(home, monkeypatch, stop=SignalAt(epoch + 13, TERM), **flags)
+    saved_on = torch.get_num_threads()
+    other = 1 if saved_on > 1 else 2
+    try:
+        torch.set_num_threads(other)
+        resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"])
+    finally:
+        torch.set_num_threads(saved_on)
+    assert resumed["torch_threads"] == other and stopped["torch_threads"] == saved_on
+    (said,) = [w for w in resumed["warnings"] if "torch threads" in w]
+    assert said.startswith(f"resumed on {other} torch threads where the checkpoint was saved "
+                           f"on {saved_on}") and f"OMP_NUM_THREADS={saved_on}" in said
+    finished = Finished.of(resumed["run_dir"])
+
+    def when(run):  # each row's step and what it holds, not its value (the rounding differs)
+        return [(r["step"], sorted(k for k, v in r.items() if v)) for r in run.rows]
+
+    assert when(finished) == when(straight[1])
+    assert finished.result["global_step"] == straight[1].result["global_step"]
 
 
 # (name, K, the step the signal arrives in (in epochs: a, b -> a * epoch + b), where, signal)

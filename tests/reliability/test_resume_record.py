@@ -246,3 +246,40 @@ def test_a_finished_run_whose_run_json_is_damaged_is_refused_and_kept(tmp_path, 
     _refused(tmp_path / "home", monkeypatch, f"--resume {result['run_id']}: its {run_file} "
              "cannot be read (", resume=result["run_id"], **flags)
     assert _snapshot(Path(result["run_dir"])) == before
+
+# A run stopped at step 26 + 6 of tiny at batch 64 (26 batches an epoch): 1 epoch done and
+# part of the next. Limits below it, or the epoch it is inside of, are past it.
+PAST = [(dict(max_steps=30), "--max-steps 30: run {run} is past it, its checkpoint at step 32 "
+         "with 1 epoch(s) done and part of the next; give a larger --max-steps, or drop it to "
+         "keep the run's no limit"),
+        (dict(max_steps=31), "--max-steps 31: run {run} is past it"),
+        (dict(max_epochs=1), "--max-epochs 1: run {run} is past it, its checkpoint at step 32 "
+         "with 1 epoch(s) done and part of the next; give a larger --max-epochs, or drop it "
+         "to keep the run's 100"),
+        (dict(max_epochs=0), "--max-epochs 0")]
+
+
+def test_a_resume_limit_the_run_is_past_is_refused_and_the_record_kept(shared_home, tmp_path,
+                                                                        monkeypatch):
+    """Lightning raised a MisconfigurationException for --max-epochs below the checkpoint's
+    epoch after the record had taken it (so every bare resume raised too), and ended the
+    stopped run at once, finished, for --max-steps below its step."""
+    import signal
+
+    from stops import SignalAt, run_in_process
+
+    home = tmp_path / "home"
+    flags = dict(dataset=str(shared_home / "data" / "tiny"), batch_size=64, hidden=(16,),
+                 max_epochs=100, num_workers=0, steps_per_execution=1)
+    stopped = run_in_process(home, monkeypatch, stop=SignalAt(26 + 5, signal.SIGTERM), **flags)
+    assert stopped["global_step"] == 32
+    run_dir, before = Path(stopped["run_dir"]), _snapshot(Path(stopped["run_dir"]))
+    for limit, said in PAST:
+        _refused(home, monkeypatch, said.format(run=stopped["run_id"]),
+                 resume=stopped["run_id"], **limit)
+    refused = _run(home, "--resume", stopped["run_id"], "--max-epochs", "1")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--max-epochs 1: run" in refused.stderr
+    assert _snapshot(run_dir) == before  # nothing of the run touched
+    resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"], max_steps=33)
+    assert (resumed["resumed_from_step"], resumed["global_step"]) == (32, 33)
