@@ -123,7 +123,10 @@ class ThroughputMeter(LeanCallback):
         self.step_time_cv: List[float] = []
         self.trained_from_step: Optional[int] = None
         self.restored_curve = False  # the curve before this attempt came from its checkpoint
-        self.threads_before: Optional[int] = None  # torch threads of the run that saved it
+        # The torch threads and world size of the attempt that saved the checkpoint resumed.
+        self.threads_before: Optional[int] = None
+        self.world_before: Optional[int] = None
+        self._world_size = 1
         self._fit_start = 0.0
         # Several steps a loop step (kosmoss.run.chunks): from one chunk's last step to the
         # next chunk's first batch runs Lightning's loop alone, once per chunk.
@@ -143,12 +146,17 @@ class ThroughputMeter(LeanCallback):
 
     def state_dict(self) -> dict:
         # In every checkpoint: a resume, even from a killed attempt's, keeps the curve.
-        return {"val_curve": list(self.val_curve), "torch_threads": torch.get_num_threads()}
+        return {"val_curve": list(self.val_curve), "torch_threads": torch.get_num_threads(),
+                "world_size": self._world_size}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.val_curve = list(state_dict.get("val_curve", []))
         self.restored_curve = True
         self.threads_before = state_dict.get("torch_threads")  # absent before 2026-12-03
+        self.world_before = state_dict.get("world_size")
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self._world_size = trainer.world_size
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()

@@ -158,8 +158,9 @@ def threads_changed(plan: RunPlan, outcome: Outcome) -> List[str]:
     """A resume on the CPU with other torch threads than the run that saved its checkpoint:
     exact in steps, data order and rows, not in the weights' last bits (docs/reliability.md)."""
     before, now = outcome.meter.threads_before, torch_threads()
-    if before is None or before == now or plan.policy.gpu:
-        return []
+    if before is None or before == now or plan.policy.gpu or \
+            outcome.meter.world_before not in (None, plan.scaling.world_size):
+        return []  # another world size splits the batch otherwise: said before training
     return [f"resumed on {now} torch threads where the checkpoint was saved on {before}: the "
             f"steps, data order and rows continue exactly, the weights' last bits differ from "
             f"a run never stopped (OMP_NUM_THREADS={before} keeps them alike)"]

@@ -148,8 +148,9 @@ def merge(config: RunConfig, stored: dict, resume: str) -> Tuple[RunConfig, Tupl
         if name not in given or mine == theirs:
             changes[name] = theirs
         elif name in FIXED:
+            said = "default {field}" if theirs is None else f"{{field}} {_show(theirs)}"
             raise ConfigError(name, f"{{field}} {_show(mine)} contradicts the resumed run's "
-                              f"{{field}} {_show(theirs)} (run {Path(resume).name}): drop "
+                              f"{said} (run {Path(resume).name}): drop "
                               "{field} to keep it, or start a new run without --resume")
         else:
             notes.append(f"resume: {flag_names()[name]} {_show(mine)} (the stopped run had "
@@ -174,6 +175,8 @@ def _as_field(name: str, value):
 
 
 def _show(value) -> str:
+    if value is None:
+        return "the default"  # a flag left unset: None in the record
     if isinstance(value, tuple):
         return " ".join(map(str, value)) if value else "()"
     return str(value)

@@ -48,6 +48,8 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
 
     _refused(home, monkeypatch, f"--hidden 50 contradicts the resumed run's --hidden 16 (run "
              f"{run_id})", resume=run_id, hidden=(50,))
+    _refused(home, monkeypatch, "--base-batch-size 32 contradicts the resumed run's default "
+             f"--base-batch-size (run {run_id})", resume=run_id, base_batch_size=32)
     _refused(home, monkeypatch, "the run finished; to train it further give a larger "
              "--max-epochs or --max-steps", resume=run_id)
     assert _snapshot(run_dir) == before  # run.json still finished, metrics.csv intact
@@ -283,3 +285,14 @@ def test_a_resume_limit_the_run_is_past_is_refused_and_the_record_kept(shared_ho
     assert _snapshot(run_dir) == before  # nothing of the run touched
     resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"], max_steps=33)
     assert (resumed["resumed_from_step"], resumed["global_step"]) == (32, 33)
+
+
+def test_an_override_of_a_flag_the_run_left_unset_says_it_had_the_default():
+    from kosmoss.run.resume import merge
+
+    config = RunConfig(num_processes=2, max_steps=80, given=frozenset({"num_processes",
+                                                                     "max_steps"}))
+    merged, notes = merge(config, {"num_processes": None, "max_steps": 40}, "20261203-000000-abc")
+    assert (merged.num_processes, merged.max_steps) == (2, 80)
+    assert notes == ("resume: --max-steps 80 (the stopped run had 40)",
+                     "resume: --num-processes 2 (the stopped run had the default)")
