@@ -178,15 +178,15 @@ def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: s
     its data on that GPU, steps that do not change from one chunk to the next."""
     why_not = [reason for reason, holds in (
         ("it trains on CPU (no CUDA GPU it may use)", policy.gpu),
-        (f"{topology.world_size} processes (DDP's all-reduces are not captured)",
+        (f"it has {topology.world_size} processes (DDP's all-reduces are not captured)",
          topology.world_size == 1),
-        (f"--strategy {engine.name}", engine.steps_in_chunks),
+        (f"it uses --strategy {engine.name}", engine.steps_in_chunks),
         (f"its data is not on the GPU (--mode {data_mode}; give --mode device)",
          data_mode == "device"),
-        (f"{num_workers} data workers", num_workers == 0)) if not holds]
+        (f"it has {num_workers} data workers", num_workers == 0)) if not holds]
     if why_not:
         raise ConfigError("cuda_graphs", "{field}: a CUDA graph replays one GPU process's steps "
-                          f"with its data on the GPU; this run has {'; '.join(why_not)}")
+                          f"with its data on the GPU, and this run cannot: {'; '.join(why_not)}")
 
 
 def _starts_the_attempt(topology: Topology) -> bool:

@@ -243,10 +243,11 @@ def _policy(gpu=True):
 
 @pytest.mark.parametrize("change, said", [
     (dict(policy=_policy(gpu=False)), "it trains on CPU"),
-    (dict(world=2), "2 processes"),
-    (dict(engine="horovod"), "--strategy horovod"),
-    (dict(data_mode="controlled"), "--mode controlled; give --mode device"),
-    (dict(workers=2), "2 data workers"),
+    (dict(world=2), "it has 2 processes"),
+    (dict(engine="horovod"), "it uses --strategy horovod"),
+    (dict(data_mode="controlled"), "its data is not on the GPU (--mode controlled; give --mode "
+                                   "device)"),
+    (dict(workers=2), "it has 2 data workers"),
 ])
 def test_graphs_where_they_cannot_work_are_refused_naming_why(change, said):
     args = dict(policy=_policy(), world=1, engine="ddp", data_mode="device", workers=0)
@@ -255,7 +256,8 @@ def test_graphs_where_they_cannot_work_are_refused_naming_why(change, said):
     with pytest.raises(ConfigError) as refused:
         _check_graphs(args["policy"], SimpleNamespace(world_size=args["world"]), engine,
                       args["data_mode"], args["workers"])
-    assert refused.value.field == "cuda_graphs" and said in str(refused.value)
+    assert refused.value.field == "cuda_graphs"
+    assert f"with its data on the GPU, and this run cannot: {said}" in str(refused.value)
 
 
 def test_cuda_graphs_on_a_machine_without_a_gpu_is_one_line(shared_home, kosmoss_home):
