@@ -62,7 +62,9 @@ def resolve(
             return prepare_preset(PRESETS[spec], log=log)
         return open_dataset(folder, verify=verify, trust_unchanged=trust_unchanged)
     except UsageError as err:
-        raise type(err)(f"{flag} {spec}: {err}") from None
+        said = str(err)  # a folder's own error starts with its path: said once, not twice
+        said = said[len(spec) + 2:] if said.startswith(f"{spec}: ") else said
+        raise type(err)(f"{flag} {spec}: {said}") from None
     except OSError as err:  # a name or path over the file system's limits: shown shortened
         too_long = name_too_long(err)
         if too_long is None:

@@ -60,8 +60,8 @@ def _imported_modules(args, env_extra=None):
     (["-m", "kosmoss", "data", "prepare", "--name", ""], "argument --name: an empty value"),
     # A dataset that is none: a typo, a file, a folder with no metadata.json.
     (["trainup_cpu.py", "--dataset", "smal"], "--dataset smal: unknown preset 'smal'"),
-    (["trainup_gpu.py", "--dataset", "/dev/null"], "--dataset /dev/null: /dev/null: not a folder"),
-    (["-m", "kosmoss", "train", "--dataset", "/"], "--dataset /: /: no metadata.json"),
+    (["trainup_gpu.py", "--dataset", "/dev/null"], "--dataset /dev/null: not a folder; give"),
+    (["-m", "kosmoss", "train", "--dataset", "/"], "--dataset /: no metadata.json"),
 ])
 def test_usage_errors_come_before_torch_is_imported(args, names):
     proc, modules, errors = _imported_modules(args)
