@@ -457,8 +457,10 @@ def _field_problem(metadata: dict) -> Optional[str]:
 
 
 def _is_dtype(name) -> bool:
+    if not isinstance(name, str) or not name.isprintable() or name != name.strip():
+        return False  # numpy reads "\n" as uint64; an error must stay one line
     try:
-        return isinstance(name, str) and np.dtype(name) is not None
+        return np.dtype(name) is not None
     except (TypeError, ValueError, SyntaxError):  # numpy parses "0:" and "01" as formats
         return False
 
@@ -466,7 +468,13 @@ def _is_dtype(name) -> bool:
 def _is_shard(entry) -> bool:
     return isinstance(entry, dict) and set(entry) == set(_SHARD_FIELDS) and all(
         type(entry[name]).__name__ == kind for name, kind in _SHARD_FIELDS.items()) \
-        and entry["rows"] >= 0
+        and entry["rows"] >= 0 and _is_file_name(entry["x_file"]) and \
+        _is_file_name(entry["y_file"])
+
+
+def _is_file_name(name: str) -> bool:
+    """A file of the dataset's own folder, printable: no path, no newline in an error."""
+    return name.isprintable() and name not in ("", ".", "..") and "/" not in name
 
 
 def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:

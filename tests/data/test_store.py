@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from helpers import RandomSource
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kosmoss.core.errors import DatasetError, UsageError
@@ -214,6 +214,9 @@ HOSTILE_VALUES = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True),
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(where="dtype", value="\n")  # numpy reads it as uint64: the error held the newline
+@example(where="shards.0.x_file", value="\n")  # a file name printed into the error
+@example(where="shards.0.x_file", value="../x_00000.npy")  # outside the dataset's folder
 @given(where=st.sampled_from(["n_samples", "n_x", "n_y", "dtype", "shards", "shards.0",
                               "shards.0.rows", "shards.0.x_file", "shards.1.x_sha256"]),
        value=HOSTILE_VALUES | st.just("__missing__"))
