@@ -204,12 +204,10 @@ def _check_limits_ahead(merged: RunConfig, content: dict, given: FrozenSet[str],
     loader = private.loader_states(loops)[0] if loops else {}
     # Inside epoch ``done`` (not at the end of the one before, whose loader says done - 1).
     partial = loader.get("epoch") == done and (loader.get("batches_done") or 0) > 0
-    for name, past in (("max_steps", step > merged.max_steps),
-                       ("max_epochs", done > merged.max_epochs or
-                        (partial and done == merged.max_epochs))):
+    for name, at, inside in (("max_steps", step, False), ("max_epochs", done, partial)):
         limit = getattr(merged, name)
-        if limit is None or limit == -1 or not past:  # at it: nothing left, the run finishes
-            continue
+        if limit is None or limit == -1 or at < limit or (at == limit and not inside):
+            continue  # at it exactly: nothing left, the run finishes
         theirs = "no limit" if stored.get(name) == -1 else stored.get(name)
         keep = f", or drop it to keep the run's {theirs}" if name in given and \
             name in stored else ""

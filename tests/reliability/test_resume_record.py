@@ -285,6 +285,12 @@ def test_a_resume_limit_the_run_is_past_is_refused_and_the_record_kept(shared_ho
     assert _snapshot(run_dir) == before  # nothing of the run touched
     resumed = run_in_process(home, monkeypatch, resume=stopped["run_id"], max_steps=33)
     assert (resumed["resumed_from_step"], resumed["global_step"]) == (32, 33)
+    # Stopped on an epoch's last batch: a limit of the epochs done is no refusal; it finishes.
+    at_end = run_in_process(tmp_path / "end", monkeypatch,
+                            stop=SignalAt(2 * 26 - 1, signal.SIGTERM), **flags)
+    assert at_end["global_step"] == 2 * 26
+    finished = run_in_process(tmp_path / "end", monkeypatch, resume=at_end["run_id"], max_epochs=2)
+    assert (finished["global_step"], finished["stopped_by"]) == (2 * 26, None)
 
 
 def test_an_override_of_a_flag_the_run_left_unset_says_it_had_the_default():
