@@ -149,6 +149,8 @@ def check_writable(folder: Path, flag: str, what_to_do: str = "give another fold
                          f"{what_to_do}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {folder}: {existing} is not writable by you; {what_to_do}")
+    if holds_no_files(existing):
+        raise UsageError(f"{flag} {folder}: {existing} {KERNEL_FILE_SYSTEM}; {what_to_do}")
     free = free_bytes(existing)
     if free < MIN_FREE_BYTES:
         raise UsageError(f"{flag} {folder}: the disk holding {existing} is full ({free // 1024} "
@@ -158,6 +160,15 @@ def check_writable(folder: Path, flag: str, what_to_do: str = "give another fold
 def nearest_existing(path: Path) -> Path:
     """``path``, or the nearest folder above it that exists (what creating it would write into)."""
     return next(p for p in (path, *path.parents) if p.exists())
+
+
+KERNEL_FILE_SYSTEM = "is on a kernel file system (like /proc or /sys) that holds no files"
+
+
+def holds_no_files(folder: Path) -> bool:
+    """/proc, /sys and their like have no blocks at all: root may pass os.access there, and
+    their "0 B free" would read as a full disk."""
+    return os.statvfs(folder).f_blocks == 0
 
 
 def free_bytes(folder: Path) -> int:

@@ -45,7 +45,8 @@ import numpy as np
 import psutil
 
 from ..core.errors import DatasetError, RunFailed, name_too_long
-from ..core.files import atomic_write_json, free_bytes, nearest_existing, read_json
+from ..core.files import (KERNEL_FILE_SYSTEM, atomic_write_json, free_bytes, holds_no_files,
+                          nearest_existing, read_json)
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
@@ -136,6 +137,9 @@ def prepare(
 
 def _prepare(source: ColumnSource, dest: Path, shard_size: int, force: bool, on_shard,
              log) -> PreparedDataset:
+    existing = nearest_existing(dest)
+    if holds_no_files(existing):  # its mkdir says ENOENT, its statvfs "0 B free"
+        raise DatasetError(f"{dest}: {existing} {KERNEL_FILE_SYSTEM}; write elsewhere (--out)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     request = request_of(source, shard_size)
     with _lock(dest):

@@ -14,7 +14,7 @@ from typing import FrozenSet, Optional, Tuple
 from ..core import paths
 from ..core.defaults import DEFAULT_HIDDEN, DEFAULT_LR
 from ..core.errors import ConfigError, UsageError
-from ..core.files import MIN_FREE_BYTES, free_bytes, nearest_existing, read_json
+from ..core.files import MIN_FREE_BYTES, free_bytes, holds_no_files, nearest_existing, read_json
 from ..data import MODES
 from ..data.presets import DEFAULT_PRESET
 from ..devices.cpus import available_cores
@@ -282,7 +282,8 @@ def is_kosmoss_result(path: Path) -> bool:
 
 
 def _writable(folder: Path) -> bool:
-    return os.access(folder, os.W_OK | os.X_OK)
+    """Takes new files: root passes os.access on /proc and /sys, which hold none."""
+    return os.access(folder, os.W_OK | os.X_OK) and not holds_no_files(folder)
 
 
 def _warnings(config: RunConfig) -> Tuple[str, ...]:

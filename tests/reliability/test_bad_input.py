@@ -62,6 +62,12 @@ def _imported_modules(args, env_extra=None):
     (["trainup_cpu.py", "--dataset", "smal"], "--dataset smal: unknown preset 'smal'"),
     (["trainup_gpu.py", "--dataset", "/dev/null"], "--dataset /dev/null: not a folder; give"),
     (["-m", "kosmoss", "train", "--dataset", "/"], "--dataset /: no metadata.json"),
+    # /proc and /sys have no blocks: root passes os.access there, and "0 B free" read as a
+    # full disk (or the result could not be written once the run had trained).
+    (["trainup_cpu.py", "--result-json", "/proc/kosmoss-x.json"],
+     "--result-json /proc/kosmoss-x.json: /proc cannot be written"),
+    (["-m", "kosmoss", "lessons", "--dest", "/sys/kosmoss-x"],
+     "--dest /sys/kosmoss-x: /sys is on a kernel file system (like /proc or /sys) that holds"),
 ])
 def test_usage_errors_come_before_torch_is_imported(args, names):
     proc, modules, errors = _imported_modules(args)
@@ -189,6 +195,18 @@ def test_a_kosmoss_home_on_a_full_disk_is_one_line_before_anything_starts(shared
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert f"KOSMOSS_HOME {home}: the disk holding {home} is full" in lines[0]
     assert "free some space or set KOSMOSS_HOME to a folder on another disk" in lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["trainup_cpu.py", "--max-steps", "2"], "KOSMOSS_HOME /proc/kosmoss-home: /proc cannot be"),
+    (["-m", "kosmoss", "data", "prepare", "tiny"],
+     "/proc/kosmoss-home/data/tiny: /proc is on a kernel file system"),
+    (["-m", "kosmoss", "comm"], "/proc is on a kernel file system"),
+])
+def test_a_kosmoss_home_on_a_kernel_file_system_is_one_line(args, says):
+    proc = run_script(args, "/proc/kosmoss-home", timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("value", ["", "http", "70000"])

@@ -140,6 +140,15 @@ def test_an_output_folder_on_a_disk_that_takes_no_writes_is_refused_first(
         assert sorted(mount.iterdir()) == before  # refused before anything was measured
 
 
+@pytest.mark.parametrize("command, argv, flag", OUT_FLAGS)
+@pytest.mark.parametrize("kernel", ["/proc", "/sys"])
+def test_an_output_folder_on_a_kernel_file_system_is_refused_first(capsys, command, argv, flag,
+                                                                   kernel):
+    out = f"{kernel}/kosmoss-out"  # root passes os.access there; statvfs says "0 B free"
+    err = _one_line(capsys, COMMANDS[command], [*argv, flag, out])
+    assert f"{flag} {out}: {kernel} is on a kernel file system" in err, err
+
+
 MARKED_OUT = [("bench", ["--quick", "--only", "raw-cpu"], "bench.json"),
               ("comm", ["--ranks", "2", "--sizes", "1K", "2K"], "comm.json"),
               ("project", ["--intra", "pcie4", "--device", "cpu"], "project.json")]
