@@ -47,6 +47,7 @@ class Heartbeat(LeanCallback):
         self._last_write = float("-inf")
         self._history: Deque[Tuple[float, int, int, float, float]] = deque()
         self._loss: Optional[float] = None
+        self._validation_start: Optional[float] = None
 
     def setup(self, trainer, pl_module, stage) -> None:
         self._write(trainer, "setup", force=True)  # names the rank's pid before any step
@@ -82,14 +83,22 @@ class Heartbeat(LeanCallback):
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
             self._write(trainer, "validate", force=True)
+            self._validation_start = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:  # validation is no step: rates start again after it
-            self._history.clear()
+        if not trainer.sanity_checking and self._validation_start is not None:
+            self._leave_out(time.perf_counter() - self._validation_start)
             self._last_end = None
         if not trainer.sanity_checking and trainer.state.fn == "fit":
             # Back to training: short epochs would otherwise leave "validate" in the file.
             self._write(trainer, "train", force=True)
+
+    def _leave_out(self, seconds: float) -> None:
+        """Validation is no step: its time is left out of the rates (the window's earlier
+        points move later by it). Cleared instead, epochs shorter than ``interval_s`` (the
+        tiny preset's) would never show a rate."""
+        self._history = deque((t + seconds, *rest) for t, *rest in self._history)
+        self._validation_start = None
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._write(trainer, "ended", force=True)

@@ -68,6 +68,39 @@ def test_heartbeat_file_and_how_often_it_is_written(tmp_path, monkeypatch):
     assert json.loads(heartbeat.heartbeat_path(tmp_path, 0).read_text()) == beat
 
 
+class SlowValidation(SleepyModel):
+    """Epochs of a few quick steps, each followed by a validation far longer than them."""
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(VALIDATION_S)
+
+
+VALIDATION_S = 0.1
+
+
+def test_epochs_shorter_than_the_interval_show_a_rate_without_their_validations(tmp_path,
+                                                                              monkeypatch):
+    """The tiny preset's epochs end within one interval: rates that began again after each
+    validation were never in the file `kosmoss watch` read while the rank trained. Its time
+    left out instead, validation slows no rate."""
+    writes = []
+    write = heartbeat.atomic_write_json
+    monkeypatch.setattr(heartbeat, "atomic_write_json",
+                        lambda path, data: (writes.append(data), write(path, data)))
+    steps_per_epoch, epochs = 4, 8
+    data = TensorDataset(torch.randn(16 * steps_per_epoch, 4), torch.randn(16 * steps_per_epoch, 1))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False,
+                         callbacks=[heartbeat.Heartbeat(tmp_path, interval_s=0.5)],
+                         num_sanity_val_steps=0, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(SlowValidation(), DataLoader(data, batch_size=16),
+                DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=16))
+    later = [w for w in writes if w["state"] in ("train", "validate") and w["epoch"] >= 2]
+    assert later and all(w["steps_per_s"] is not None for w in later), writes
+    # With validations counted it would be at most steps_per_epoch / VALIDATION_S = 40/s.
+    assert all(2 * steps_per_epoch / VALIDATION_S < w["steps_per_s"] <= 1 / STEP_S
+               for w in later), [w["steps_per_s"] for w in later]
+
 
 @pytest.mark.parametrize("loss, shown", [(math.nan, "nan"), (math.inf, "inf"),
                                          (-math.inf, "-inf"), (0.25, "0.2500"), (None, "")])
