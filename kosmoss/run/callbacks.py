@@ -214,22 +214,21 @@ class ThroughputMeter(LeanCallback):
 
 
 class PrecisionProbe(LeanCallback):
-    """Records the dtype of the first layer's output in the first training step: proof that
-    bf16-mixed autocast was really active, not just a flag read back."""
+    """Records the dtype the first layer outputs in Lightning's training-step context (its
+    precision plugin's ``train_step_context``): proof that bf16-mixed autocast was really
+    active, not just a flag read back. The layer runs once on zeros, outside any step: a
+    forward hook was traced into the first compiled step, whose graph then differed from
+    the others' (a resumed run left the straight one by a rounding, --compile)."""
 
     def __init__(self) -> None:
         self.activation_dtype: Optional[str] = None
-        self._hook = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # Once, before the first step (not checked in every step's hook).
-        if self.activation_dtype is None and self._hook is None:
+        if self.activation_dtype is None:  # once, before the first step
             first = next(m for m in pl_module.modules() if isinstance(m, torch.nn.Linear))
-            self._hook = first.register_forward_hook(self._record)
-
-    def _record(self, module, inputs, output) -> None:
-        self.activation_dtype = str(output.dtype).replace("torch.", "")
-        self._hook.remove()
+            zeros = first.weight.new_zeros(1, first.in_features)
+            with torch.no_grad(), trainer.precision_plugin.train_step_context():
+                self.activation_dtype = str(first(zeros).dtype).replace("torch.", "")
 
 
 def per_parameter_allreduce(group, bucket):

@@ -113,8 +113,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, processes: bool = True) ->
         help="optimizer steps per step of Lightning's loop; 1: one a batch (default: 8 for one "
              "process of the ddp engine reading its batches in-process, no data workers; "
              "else 1)")
-    add("--compile", action="store_true", default=Default(False),
-        help="torch.compile the network (inductor); the compile time is untimed")
+    add("--compile", action=argparse.BooleanOptionalAction, default=Default(False),
+        help="torch.compile the network (inductor); the compile time is untimed; a resume "
+             "keeps the run's own (--no-compile drops it)")
     add("--collective-timeout", dest="collective_timeout_s", type=float, default=None,
         metavar="SECONDS", help="fail a collective that waits longer (default 120 on CPU, "
                                 "600 on GPU)")
@@ -134,9 +135,10 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
         help="CUDA ids for the local ranks, e.g. 2,3: local rank r uses ids[r]")
     add("--require-gpu", action="store_true",
         help="fail (exit 2) instead of falling back to CPU when there is no GPU")
-    add("--cuda-graphs", action="store_true", default=Default(False),
+    add("--cuda-graphs", action=argparse.BooleanOptionalAction, default=Default(False),
         help="replay each chunk's K steps (batch gather, forward, backward, Adam) from one CUDA "
-             "graph: one GPU process, the data on the GPU (docs/gpu.md)")
+             "graph: one GPU process, the data on the GPU (docs/gpu.md); a resume keeps the "
+             "run's own (--no-cuda-graphs drops it)")
 
 
 def _id_list(text: str):

@@ -35,9 +35,14 @@ NORMALISATION = ("x_mean", "x_std", "y_mean", "y_std")  # LitMLP's buffers, from
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
 # between DDP and Horovod, or to more ranks, and trains on the same way.
 # K too: several steps per loop step train bit for bit as one (kosmoss.run.chunks).
+# --compile and --cuda-graphs too: a resumed run trains as fast, and as bit for bit, as it did.
 CARRIED = ("max_epochs", "max_steps", "val_every_n_epochs", "mode", "num_workers",
            "collective_timeout_s", "gpu_ids", "num_processes", "num_nodes", "strategy",
-           "steps_per_execution", "progress", "result_json", "require_gpu")
+           "steps_per_execution", "progress", "result_json", "require_gpu", "compile",
+           "cuda_graphs", "hosts", "link_rate")
+# What the launcher and the machine decide each time (trainup_gpu.py, a GPU or none), and
+# the resume itself: never taken from the record.
+DECIDED_AGAIN = ("machine_gpu", "gpu_index", "use_gpu", "resume", "given")
 
 
 @dataclass(frozen=True)

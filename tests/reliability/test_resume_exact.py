@@ -422,3 +422,28 @@ def test_a_stop_resumes_exactly_when_validations_skip_epochs(name, k, at, where,
     assert [point["step"] for point in straight.result["val_curve"]] == \
         [2 * epoch, 4 * epoch, flags["max_steps"]]
     assert compare(resumed, straight) is None, compare(resumed, straight)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["inside a chunk", "an epoch's last batch"])
+def test_a_compiled_run_resumes_exactly(tmp_path, tiny, epoch, stop):
+    """--compile: a bare resume compiles too, and the first step's graph is every other
+    step's (a forward hook traced into it made the resumed run's first step round apart:
+    kosmoss.run.callbacks.PrecisionProbe). Processes of their own: Dynamo's cache of a
+    code object would hold the earlier runs' graphs in this one."""
+    args = ["--dataset", str(tiny), "--batch-size", str(BATCH), "--hidden", *map(str, HIDDEN),
+            "--max-epochs", "100", "--max-steps", str(2 * epoch + 4), "--compile"]
+    straight = run_script(tmp_path / "straight", args)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    home = tmp_path / "home"
+    at = epoch + 3 if stop == "inside a chunk" else 2 * epoch - 1
+    stopped = run_script(home, args, SignalAt(at, TERM))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    (run_dir,) = (home / "runs").iterdir()
+    resumed = run_script(home, ["--resume", run_dir.name])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finished = Finished.of(run_dir)
+    assert finished.result["compile"] and finished.result["compiled_graphs"] >= 1
+    assert finished.result["resumed_from_step"] == expected_stop(at, epoch, 8, 2 * epoch + 4)
+    (ran,) = (tmp_path / "straight" / "runs").iterdir()
+    assert compare(finished, Finished.of(ran)) is None, compare(finished, Finished.of(ran))

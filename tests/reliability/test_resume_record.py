@@ -302,3 +302,46 @@ def test_an_override_of_a_flag_the_run_left_unset_says_it_had_the_default():
     assert (merged.num_processes, merged.max_steps) == (2, 80)
     assert notes == ("resume: --max-steps 80 (the stopped run had 40)",
                      "resume: --num-processes 2 (the stopped run had the default)")
+
+
+# A value unlike the default for each field a resume takes from the record.
+RECORDED = dict(batch_size=64, lr=0.01, scale_lr="linear", base_batch_size=32, warmup_steps=5,
+                dataset="tiny", seed=7, hidden=(16,), precision="bf16-mixed", max_epochs=3,
+                max_steps=40, val_every_n_epochs=2, mode="controlled", num_workers=1,
+                collective_timeout_s=30.0, gpu_ids=(1,), num_processes=1, num_nodes=2,
+                strategy="horovod", steps_per_execution=1, progress=False,
+                result_json="/tmp/r.json", require_gpu=True, compile=True, cuda_graphs=True,
+                hosts="netns", link_rate="1gbit")
+
+
+def test_every_setting_of_a_run_is_kept_by_a_bare_resume_or_decided_again():
+    """A field added to RunConfig is sorted here: --compile, --hosts and --link-rate were
+    left out of the list, so a bare resume of a compiled run trained eagerly (its weights
+    then off the straight run's by a float32 rounding) and one on netns hosts on loopback."""
+    from dataclasses import fields
+
+    from kosmoss.run.resume import CARRIED, DECIDED_AGAIN, FIXED, merge
+
+    names = {f.name for f in fields(RunConfig)}
+    assert set(FIXED + CARRIED + DECIDED_AGAIN) == names and set(RECORDED) == set(FIXED + CARRIED)
+    merged, notes = merge(RunConfig(given=frozenset()), RECORDED, "20261207-000000-abc")
+    kept = {name: getattr(merged, name) for name in RECORDED}
+    assert kept == {**RECORDED, "result_json": Path("/tmp/r.json")} and notes == ()
+    assert all(RECORDED[name] != getattr(RunConfig(), name) for name in RECORDED)
+
+
+def test_no_compile_drops_the_compile_of_the_resumed_run_and_says_so():
+    import argparse
+
+    from kosmoss.devices.policy import MachineGpu
+    from kosmoss.run.flags import add_gpu_flags, add_run_flags, config_from_args
+    from kosmoss.run.resume import merge
+
+    parser = argparse.ArgumentParser()  # trainup_gpu.py's flags
+    add_run_flags(parser, processes=False)
+    add_gpu_flags(parser)
+    typed = config_from_args(parser.parse_args(["--resume", "x", "--no-compile"]),
+                             machine=MachineGpu.from_environment("none"), use_gpu=False)
+    merged, notes = merge(typed, {"compile": True, "cuda_graphs": True}, "20261207-000000-abc")
+    assert (merged.compile, merged.cuda_graphs) == (False, True)
+    assert notes == ("resume: --compile False (the stopped run had True)",)
