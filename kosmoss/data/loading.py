@@ -319,11 +319,16 @@ class RankBatchSampler(Sampler[np.ndarray]):
         return batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        # A generator: the resume's skip is taken at the first batch asked for, not when the
+        # iterator is made. torch's worker iterator makes two and reads the second
+        # (_BaseDataLoaderIter.__init__, then _reset): the first took the skip, and a run
+        # resumed with --num-workers started its epoch over (torch 2.13).
         skip, self._resume_at = self.skips, None
         # A batch is a set: sorting it changes no gradient and lets reads walk forwards.
         if self._whole is not None:  # no permutation to draw: an epoch is one step
-            return iter([self._whole.copy()][skip:])
-        return self._handed_out(self.batches()[skip:], self.epoch)
+            yield from [self._whole.copy()][skip:]
+            return
+        yield from self._handed_out(self.batches()[skip:], self.epoch)
 
     def _handed_out(self, batches: List[np.ndarray], epoch: int) -> Iterator[np.ndarray]:
         """The batches in ascending order. Once the first is out, the next epoch's order is

@@ -190,6 +190,26 @@ def test_sampler_resume_skips_only_the_epoch_it_names():
     assert [b.tolist() for b in fresh] == whole[4:]
 
 
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_resumed_sampler_skips_its_batches_under_torchs_dataloader(random_dataset, workers):
+    """torch's worker iterator calls iter() on the sampler twice and reads the second: a
+    skip taken by the first call was lost, and a run resumed with --num-workers started its
+    epoch over. The next epoch is whole, the workers persisting."""
+    sampler = RankBatchSampler(np.arange(800), 50, seed=3)
+    sampler.set_epoch(2)
+    whole = [b.tolist() for b in sampler]
+    sampler.resume(2, 5)
+    data = FlattenedDataset(random_dataset)
+    loader = DataLoader(data, sampler=sampler, batch_size=None, num_workers=workers,
+                        persistent_workers=workers > 0)
+    first = [x for x, _ in loader]
+    assert len(first) == len(whole) - 5
+    for x, rows in zip(first, whole[5:], strict=True):
+        torch.testing.assert_close(x, data[np.asarray(rows)][0])
+    sampler.set_epoch(3)
+    assert len(list(loader)) == len(whole)
+
+
 @pytest.mark.parametrize("world_size", [1, 3, 4])
 def test_a_position_at_the_epochs_end_resumes_the_next_epoch_whole(world_size):
     """Every batch of epoch 2 done (a checkpoint on its last batch): the next pass is epoch

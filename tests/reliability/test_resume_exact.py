@@ -447,3 +447,15 @@ def test_a_compiled_run_resumes_exactly(tmp_path, tiny, epoch, stop):
     assert finished.result["resumed_from_step"] == expected_stop(at, epoch, 8, 2 * epoch + 4)
     (ran,) = (tmp_path / "straight" / "runs").iterdir()
     assert compare(finished, Finished.of(ran)) is None, compare(finished, Finished.of(ran))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_reading_through_data_workers_resumes_exactly(tmp_path, monkeypatch, tiny, epoch,
+                                                            straight, workers):
+    """torch's DataLoader with workers (the default on a machine with cores to spare) made
+    its sampler's iterator twice: the resumed epoch started over, its first batches twice."""
+    flags = dict(_flags(tiny, epoch, 1), num_workers=workers)
+    step = epoch + 5
+    finished = _stop_and_resume(tmp_path, monkeypatch, flags, SignalAt(step, TERM),
+                                expected_stop(step, epoch, 1, flags["max_steps"]))
+    assert compare(finished, straight[1]) is None, compare(finished, straight[1])
