@@ -483,7 +483,7 @@ def _is_file_name(name: str) -> bool:
 
 def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
     if not file.is_file():
-        raise DatasetError(f"{file}: shard missing; {again(file.parent)}")
+        raise DatasetError(f"{file}: {_not_a_file(file, 'shard')}; {again(file.parent)}")
     try:
         array = np.load(file, mmap_mode="r")
     except (ValueError, OSError) as err:
@@ -493,10 +493,19 @@ def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
                            f"{dtype}; {again(file.parent)}")
 
 
+def _not_a_file(file: Path, what: str) -> str:
+    """Why ``file`` is no regular file, in words (is_file() says only that it is not one)."""
+    if os.path.lexists(file) and not file.exists():
+        return f"{what} is a broken or looping symbolic link"
+    if not file.exists():
+        return f"{what} missing"
+    return f"{what} is not a regular file (a folder, FIFO, socket or device)"
+
+
 def _check_stats_file(dataset: PreparedDataset) -> None:
     file = dataset.path / STATS_FILE
     if not file.is_file():
-        raise DatasetError(f"{file}: missing; {again(dataset.path)}")
+        raise DatasetError(f"{file}: {_not_a_file(file, 'file')}; {again(dataset.path)}")
     expected = {"x_mean": dataset.n_x, "x_std": dataset.n_x,
                 "y_mean": dataset.n_y, "y_std": dataset.n_y}
     try:

@@ -1,4 +1,5 @@
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -97,8 +98,6 @@ def test_folder_without_metadata_is_named(tmp_path):
 
 
 def test_a_file_or_a_fifo_given_as_a_dataset_is_not_a_folder_not_missing(tmp_path):
-    import os
-
     (tmp_path / "file").write_text("x")
     os.mkfifo(tmp_path / "fifo")
     for named in (tmp_path / "file", tmp_path / "fifo", "/dev/null"):
@@ -125,6 +124,21 @@ def test_truncated_or_reshaped_shard_is_named(random_dataset):
         open_dataset(random_dataset.path, verify=False)
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(DatasetError, match=r"y_00000.npy: corrupted shard"):
+        open_dataset(random_dataset.path, verify=False)
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda path: path.unlink(), "shard missing"),
+    (lambda path: (path.unlink(), os.mkfifo(path)), "shard is not a regular file"),
+    (lambda path: (path.unlink(), path.mkdir()), "shard is not a regular file"),
+    (lambda path: (path.unlink(), path.symlink_to(path)), "shard is a broken or looping"),
+    (lambda path: (path.unlink(), path.symlink_to(path.parent / "gone")),
+     "shard is a broken or looping"),
+])
+def test_a_shard_that_is_no_file_says_what_it_is(random_dataset, make, why):
+    """A FIFO or a link to nowhere was called missing: whoever looks finds a file there."""
+    make(random_dataset.path / random_dataset.shards[0].x_file)
+    with pytest.raises(DatasetError, match=rf"x_00000.npy: {why}.*; prepare it again"):
         open_dataset(random_dataset.path, verify=False)
 
 
