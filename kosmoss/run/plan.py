@@ -140,7 +140,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
                                 policy.accelerator, data_mode, num_workers,
                                 num_nodes=topology.num_nodes)
     if config.cuda_graphs:
-        _check_graphs(policy, topology, engine, data_mode, num_workers)
+        carried = bool(config.resume) and "cuda_graphs" not in (config.given or ())
+        _check_graphs(policy, topology, engine, data_mode, num_workers, carried)
         # A replay takes K full batches of one epoch: no more than an epoch holds.
         full = sizes["train"] // scaling.world_size // scaling.per_device_batch_size
         steps = max(1, min(steps, full))
@@ -173,9 +174,10 @@ def _short_warmup(config: RunConfig, scaling: ScalingPlan, sizes: Dict[str, int]
 
 
 def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: str,
-                  num_workers: int) -> None:
+                  num_workers: int, carried: bool = False) -> None:
     """--cuda-graphs captures a chunk's steps, the batch gather included: one GPU process,
-    its data on that GPU, steps that do not change from one chunk to the next."""
+    its data on that GPU, steps that do not change from one chunk to the next. ``carried``:
+    the resumed run's own, not typed (then --no-cuda-graphs is the way out)."""
     why_not = [reason for reason, holds in (
         ("it trains on CPU (no CUDA GPU it may use)", policy.gpu),
         (f"it has {topology.world_size} processes (DDP's all-reduces are not captured)",
@@ -185,8 +187,11 @@ def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: s
          data_mode == "device"),
         (f"it has {num_workers} data workers", num_workers == 0)) if not holds]
     if why_not:
-        raise ConfigError("cuda_graphs", "{field}: a CUDA graph replays one GPU process's steps "
-                          f"with its data on the GPU, and this run cannot: {'; '.join(why_not)}")
+        whose = "the resumed run's {field}" if carried else "{field}"
+        way_out = "; drop it with --no-cuda-graphs" if carried else ""
+        raise ConfigError("cuda_graphs", f"{whose}: a CUDA graph replays one GPU process's steps "
+                          f"with its data on the GPU, and this run cannot: {'; '.join(why_not)}"
+                          f"{way_out}")
 
 
 def _starts_the_attempt(topology: Topology) -> bool:

@@ -313,3 +313,33 @@ def test_the_run_path_wires_graphs_whatever_k_the_epoch_leaves(shared_home, monk
     figures = outcome.extra["cuda_graphs"]
     assert outcome.global_step == 30 and figures["replays"] >= 1, figures
     assert figures["capture_failed"] is None and outcome.extra["warnings"] == []
+
+
+def test_a_resume_that_carries_cuda_graphs_onto_a_cpu_says_whose_they_are(shared_home, tmp_path):
+    """A bare resume keeps --cuda-graphs: where they cannot run, the line says they are the
+    resumed run's (not typed) and how to drop them."""
+    import json
+
+    from helpers import run_script
+
+    home, tiny = tmp_path / "home", str(shared_home / "data" / "tiny")
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}
+    done = run_script(["trainup_gpu.py", "--dataset", tiny, "--hidden", "16", "--max-steps", "2",
+                       "--no-progress"], home, timeout=300, env_extra=cpu)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = (home / "runs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    record["config"]["cuda_graphs"] = True  # as a GPU run that replayed its steps records it
+    (run_dir / "run.json").write_text(json.dumps(record))
+    before = (run_dir / "run.json").read_bytes()
+    resume = ["trainup_gpu.py", "--resume", run_dir.name, "--max-steps", "4"]
+    refused = run_script(resume, home, timeout=300, env_extra=cpu)
+    assert (run_dir / "run.json").read_bytes() == before  # the record kept as it was
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and last.startswith(
+        "trainup_gpu.py: error: the resumed run's --cuda-graphs: a CUDA graph"), refused.stderr
+    assert "it trains on CPU" in last and last.endswith("drop it with --no-cuda-graphs")
+    dropped = run_script(resume + ["--no-cuda-graphs"], home, timeout=300, env_extra=cpu)
+    assert dropped.returncode == 0, dropped.stderr[-2000:]
+    assert "resume: --cuda-graphs False (the stopped run had True)" in dropped.stdout + \
+        dropped.stderr
