@@ -67,6 +67,19 @@ _NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_I
                 (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
 
+def why_not_a_file(path: Path) -> str:
+    """What ``path``, which is no regular file, is instead: words after its name in an error
+    ("missing", "is a FIFO, not a regular file")."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if path.is_symlink() else "missing"
+    except OSError as err:  # ELOOP: a link that points to itself
+        return f"cannot be read ({err.strerror})"
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
+
+
 def read_json(path: Union[str, Path], limit: int = JSON_MAX_BYTES) -> Any:
     """The JSON in ``path`` when it is a regular file of at most ``limit`` bytes; else OSError
     or ValueError (whose text says why)."""

@@ -46,7 +46,7 @@ import psutil
 
 from ..core.errors import DatasetError, RunFailed, name_too_long
 from ..core.files import (KERNEL_FILE_SYSTEM, atomic_write_json, free_bytes, holds_no_files,
-                          nearest_existing, read_json)
+                          nearest_existing, read_json, why_not_a_file)
 from .catalog import METADATA_FILE, again, request_difference, request_of
 from .schema import ColumnSchema
 from .sources import ColumnSource
@@ -483,7 +483,7 @@ def _is_file_name(name: str) -> bool:
 
 def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
     if not file.is_file():
-        raise DatasetError(f"{file}: {_not_a_file(file, 'shard')}; {again(file.parent)}")
+        raise DatasetError(f"{file}: shard {why_not_a_file(file)}; {again(file.parent)}")
     try:
         array = np.load(file, mmap_mode="r")
     except (ValueError, OSError) as err:
@@ -493,19 +493,10 @@ def _check_array_file(file: Path, shape: tuple, dtype: str) -> None:
                            f"{dtype}; {again(file.parent)}")
 
 
-def _not_a_file(file: Path, what: str) -> str:
-    """Why ``file`` is no regular file, in words (is_file() says only that it is not one)."""
-    if os.path.lexists(file) and not file.exists():
-        return f"{what} is a broken or looping symbolic link"
-    if not file.exists():
-        return f"{what} missing"
-    return f"{what} is not a regular file (a folder, FIFO, socket or device)"
-
-
 def _check_stats_file(dataset: PreparedDataset) -> None:
     file = dataset.path / STATS_FILE
     if not file.is_file():
-        raise DatasetError(f"{file}: {_not_a_file(file, 'file')}; {again(dataset.path)}")
+        raise DatasetError(f"{file}: {why_not_a_file(file)}; {again(dataset.path)}")
     expected = {"x_mean": dataset.n_x, "x_std": dataset.n_x,
                 "y_mean": dataset.n_y, "y_std": dataset.n_y}
     try:

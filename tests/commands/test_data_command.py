@@ -254,7 +254,7 @@ def test_advice_for_a_dataset_outside_the_home_names_its_folder(data_cli, tmp_pa
     assert data_cli("prepare", *SMALL, "--out", str(out))[0] == 0
     (out / "stats.npz").unlink()
     code, _, err = data_cli("info", str(out))
-    assert code == 2 and len(err) == 1 and "stats.npz: file missing" in err[0]
+    assert code == 2 and len(err) == 1 and "stats.npz: missing" in err[0]
     assert data_cli(*_advice(err[0]))[0] == 0 and data_cli("info", str(out), "--verify")[0] == 0
 
 

@@ -129,11 +129,12 @@ def test_truncated_or_reshaped_shard_is_named(random_dataset):
 
 @pytest.mark.parametrize("make, why", [
     (lambda path: path.unlink(), "shard missing"),
-    (lambda path: (path.unlink(), os.mkfifo(path)), "shard is not a regular file"),
-    (lambda path: (path.unlink(), path.mkdir()), "shard is not a regular file"),
-    (lambda path: (path.unlink(), path.symlink_to(path)), "shard is a broken or looping"),
+    (lambda path: (path.unlink(), os.mkfifo(path)), "shard is a FIFO, not a regular file"),
+    (lambda path: (path.unlink(), path.mkdir()), "shard is a folder, not a regular file"),
+    (lambda path: (path.unlink(), path.symlink_to(path)),
+     r"shard cannot be read \(Too many levels of symbolic links\)"),
     (lambda path: (path.unlink(), path.symlink_to(path.parent / "gone")),
-     "shard is a broken or looping"),
+     "shard is a broken symbolic link"),
 ])
 def test_a_shard_that_is_no_file_says_what_it_is(random_dataset, make, why):
     """A FIFO or a link to nowhere was called missing: whoever looks finds a file there."""
