@@ -152,7 +152,8 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         num_workers=num_workers,
         data_mode=data_mode, memory_need=need,
         collective_timeout=timedelta(seconds=timeout),
-        warnings=tuple(policy.warnings) + warnings + _short_warmup(config, scaling, sizes),
+        warnings=tuple(policy.warnings) + warnings + _short_warmup(config, scaling, sizes)
+        + _unused_workers(config, data_mode, policy.gpu),
         notes=(point.notes if point is not None else ()) +
         _elastic_notes(topology, run_dir, step, scaling),
         steps_per_execution=steps,
@@ -171,6 +172,16 @@ def _short_warmup(config: RunConfig, scaling: ScalingPlan, sizes: Dict[str, int]
                                       scaling.base_lr / scaling.lr)
     return (f"--warmup-steps {scaling.warmup_steps} is longer than the run ({steps} steps): "
             f"its last step trains at {last:.3g}, never at {scaling.lr:g}",)
+
+
+def _unused_workers(config: RunConfig, data_mode: str, gpu: bool) -> Tuple[str, ...]:
+    """Workers asked for where each process gathers its own batches (--mode device)."""
+    if data_mode != "device" or not config.num_workers:
+        return ()
+    chosen = "--mode device" if config.mode == "device" else "--mode auto chose device"
+    where = "on the GPU" if gpu else "in its memory"
+    return (f"--num-workers {config.num_workers} is not used: with {chosen} each process "
+            f"gathers its batches from the data it holds {where}",)
 
 
 def _check_graphs(policy: DevicePolicy, topology: Topology, engine, data_mode: str,

@@ -70,3 +70,20 @@ def test_a_warm_up_longer_than_the_run_says_the_rate_is_never_reached(
                  max_epochs=max_epochs, hidden=(8,))
     warnings = prepare(RunConfig(**flags, given=frozenset(flags))).warnings
     assert [w for w in warnings if "warmup" in w] == ([said] if said else [])
+
+
+@pytest.mark.parametrize("mode, workers, said", [
+    ("device", 2, "--num-workers 2 is not used: with --mode device each process gathers its "
+                  "batches from the data it holds in its memory"),
+    ("device", 0, None), ("controlled", 2, None), ("auto", 1, None)])
+def test_workers_the_data_on_the_gpu_cannot_use_are_said_unused(
+        shared_home, monkeypatch, mode, workers, said):
+    """--mode device gathers each batch in the process: workers asked for are dropped, aloud."""
+    from kosmoss.run import RunConfig
+    from kosmoss.run.plan import prepare
+
+    monkeypatch.setenv("KOSMOSS_HOME", str(shared_home))
+    flags = dict(dataset="tiny", mode=mode, num_workers=workers, hidden=(8,))
+    plan = prepare(RunConfig(**flags, given=frozenset(flags)))
+    assert [w for w in plan.warnings if "--num-workers" in w] == ([said] if said else [])
+    assert plan.num_workers == (0 if mode == "device" else workers)
