@@ -454,8 +454,7 @@ def render_text(result: RunStacks) -> str:
              f"{len(result.processes)} process(es), {len(result.groups)} different stack(s); "
              f"{result.tool}" + (", native frames" if result.native else "")]
     if result.moving_s is not None:
-        lines.append(f"a rank reported a step {result.moving_s:.1f} s ago: the run moves, and "
-                     "these stacks are one moment of it")
+        lines.append(_moving_line(result))
     lines.append("")
     for g in result.groups:
         mark = f"   <-- odd one out: {g.why_odd}" if g.odd else ""
@@ -466,6 +465,18 @@ def render_text(result: RunStacks) -> str:
                                               else "")]
             lines += thread_lines(g.members[0])
     return "\n".join(lines) + "\n"
+
+
+def _moving_line(result: RunStacks) -> str:
+    """A fresh step says the run moves, unless a rank has stopped since: then it waits."""
+    ago = f"a rank reported a step {result.moving_s:.1f} s ago"
+    stopped = [m.process for m in result.processes if m.process.role == "rank" and m.stopped]
+    if not stopped:
+        return f"{ago}: the run moves, and these stacks are one moment of it"
+    names = ", ".join(f"{p.label} (pid {p.pid})" for p in stopped)
+    pids = " ".join(str(p.pid) for p in stopped)
+    return (f"{ago}, but {names} {'is' if len(stopped) == 1 else 'are'} stopped: the other "
+            f"ranks wait for {'it' if len(stopped) == 1 else 'them'} (`kill -CONT {pids}`)")
 
 
 def thread_lines(stacks: ProcessStacks) -> List[str]:

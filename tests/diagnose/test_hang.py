@@ -139,3 +139,21 @@ def test_the_rank_the_others_wait_for_is_named_in_the_timeout_line():
     assert _who(_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE)) is None  # the rank is elsewhere
     line = hang.timeout_line(RuntimeError(GLOO_RECV), 30, stopped)
     assert line == f"a collective waited longer than 30 s (--collective-timeout): {stopped}"
+
+
+def test_a_fresh_step_says_the_run_moves_unless_a_rank_has_stopped_since():
+    from kosmoss.diagnose.stacks import RunStacks, _moving_line, group
+
+    def line(*ranks):
+        return _moving_line(RunStacks(None, list(ranks), group(list(ranks)), False, "py-spy",
+                                      moving_s=4.0))
+
+    assert line(_rank(0, ALL_REDUCE), _rank(1, SLEEPS)) == \
+        "a rank reported a step 4.0 s ago: the run moves, and these stacks are one moment of it"
+    assert line(_rank(0, ALL_REDUCE), _rank(1, SLEEPS, state="stopped")) == \
+        "a rank reported a step 4.0 s ago, but rank 1 (pid 1001) is stopped: the other ranks " \
+        "wait for it (`kill -CONT 1001`)"
+    two = line(_rank(0, ALL_REDUCE), _rank(1, SLEEPS, state="stopped"),
+               _rank(2, SLEEPS, state="stopped"))
+    assert "rank 1 (pid 1001), rank 2 (pid 1002) are stopped" in two and \
+        "wait for them (`kill -CONT 1001 1002`)" in two
