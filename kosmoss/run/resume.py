@@ -105,7 +105,7 @@ def find(config: RunConfig) -> ResumePoint:
     """The resume point of ``config.resume``: the run, its checkpoint and its settings."""
     run_dir, named = run_folder(config.resume)
     stored = _stored_run(run_dir, config.resume)
-    merged, notes = merge(config, stored.get("config") or {}, config.resume)
+    merged, notes = merge(config, _base_made_explicit(stored), config.resume)
     checkpoint, content = readable_checkpoint(run_dir, named, config.resume)
     _check_limits_ahead(merged, content, _given(config), stored.get("config") or {}, run_dir.name)
     hparams = content.get("hyper_parameters") or {}
@@ -116,6 +116,18 @@ def find(config: RunConfig) -> ResumePoint:
                      if name in weights}
     return ResumePoint(run_dir.name, run_dir, checkpoint, int(content["global_step"]), model,
                        merged, notes, stored, normalisation)
+
+
+def _base_made_explicit(stored: dict) -> dict:
+    """The stopped run's settings with the batch its rate was scaled from written out: left
+    unset it is the per-device batch, which a resume on another world size would change, and
+    the rate printed and kept in the checkpoint's hyper-parameters with it, while the optimizer
+    state restored trains on at the stopped run's rate."""
+    config = dict(stored.get("config") or {})
+    world, batch = stored.get("world_size"), config.get("batch_size")
+    if config.get("base_batch_size") is None and world and batch:
+        config["base_batch_size"] = batch // world
+    return config
 
 
 def _stored_run(run_dir: Path, resume: str) -> dict:

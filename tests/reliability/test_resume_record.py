@@ -345,3 +345,31 @@ def test_no_compile_drops_the_compile_of_the_resumed_run_and_says_so():
     merged, notes = merge(typed, {"compile": True, "cuda_graphs": True}, "20261207-000000-abc")
     assert (merged.compile, merged.cuda_graphs) == (False, True)
     assert notes == ("resume: --compile False (the stopped run had True)",)
+
+
+def test_a_resume_on_another_world_size_trains_on_at_the_stopped_runs_rate(
+        shared_home, tmp_path, monkeypatch):
+    """--scale-lr scales from the per-device batch when --base-batch-size is not given: a
+    resume on 2 processes of a run stopped on 1 printed twice the rate and kept it in the
+    checkpoint's hyper-parameters, while the optimizer state restored trained on at the old
+    one. The base is now the stopped run's, written out: one rate, printed and trained."""
+    import signal
+
+    import torch
+    from stops import SignalAt, run_in_process
+
+    home = tmp_path / "home"
+    flags = dict(dataset=str(shared_home / "data" / "tiny"), batch_size=64, hidden=(16,),
+                 scale_lr="linear", lr=0.001, max_epochs=2, num_workers=0)
+    stopped = run_in_process(home, monkeypatch, stop=SignalAt(5, signal.SIGTERM), **flags)
+    assert stopped["stopped_by"] == "SIGTERM"
+    resumed = _run(home, "--resume", stopped["run_id"], "--num-processes", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "learning rate   = 0.001 (base, tuned for batch 64) x 1 (linear) = 0.001" in \
+        resumed.stdout, resumed.stdout
+    last = torch.load(Path(stopped["run_dir"]) / "checkpoints" / "last.ckpt",
+                      map_location="cpu", weights_only=False)
+    trained = {group["lr"] for group in last["optimizer_states"][0]["param_groups"]}
+    assert trained == {last["hyper_parameters"]["lr"]} == {0.001}
+    record = json.loads((Path(stopped["run_dir"]) / "run.json").read_text())
+    assert (record["world_size"], record["config"]["base_batch_size"]) == (2, 64)
