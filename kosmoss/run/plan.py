@@ -111,11 +111,16 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     machine = MachineGpu(config.machine_gpu, config.gpu_index)
     policy = decide(machine, config.use_gpu, require=config.require_gpu, gpu_ids=config.gpu_ids)
     share = sharing(topology.ranks_on_host, policy.gpus_on_host)
-    scaling = plan_scaling(config.batch_size, config.lr, config.scale_lr,
-                           num_nodes=topology.num_nodes,
-                           devices_per_node=topology.devices_per_node,
-                           base_batch_size=config.base_batch_size,
-                           warmup_steps=config.warmup_steps)
+    try:
+        scaling = plan_scaling(config.batch_size, config.lr, config.scale_lr,
+                               num_nodes=topology.num_nodes,
+                               devices_per_node=topology.devices_per_node,
+                               base_batch_size=config.base_batch_size,
+                               warmup_steps=config.warmup_steps)
+    except ConfigError as error:
+        if point is None or error.field != "batch_size":
+            raise
+        raise _unshared_batch(config, topology.world_size) from None
     dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
     sizes = _split_sizes(dataset)
     _check_fits(config.dataset, sizes, scaling)
@@ -172,6 +177,20 @@ def _short_warmup(config: RunConfig, scaling: ScalingPlan, sizes: Dict[str, int]
                                       scaling.base_lr / scaling.lr)
     return (f"--warmup-steps {scaling.warmup_steps} is longer than the run ({steps} steps): "
             f"its last step trains at {last:.3g}, never at {scaling.lr:g}",)
+
+
+def _unshared_batch(config: RunConfig, world: int) -> ConfigError:
+    """A resume keeps its batch: the world size is what can change, so name that."""
+    batch, given = config.batch_size, config.given or frozenset()
+    field = "num_nodes" if "num_nodes" in given and "num_processes" not in given \
+        else "num_processes"
+    fits = [n for n in range(1, batch + 1) if batch % n == 0]
+    below = max((n for n in fits if n < world), default=None)
+    above = min((n for n in fits if n > world), default=None)
+    choices = " or ".join(str(n) for n in (below, above) if n is not None)
+    return ConfigError(field, f"{{field}}: a world of {world} processes cannot share the "
+                       f"resumed run's --batch-size {batch} evenly (a resume keeps it): resume "
+                       f"on a world size that divides {batch}, e.g. {choices}")
 
 
 def _unused_workers(config: RunConfig, data_mode: str, gpu: bool) -> Tuple[str, ...]:

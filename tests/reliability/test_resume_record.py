@@ -363,6 +363,10 @@ def test_a_resume_on_another_world_size_trains_on_at_the_stopped_runs_rate(
                  scale_lr="linear", lr=0.001, max_epochs=2, num_workers=0)
     stopped = run_in_process(home, monkeypatch, stop=SignalAt(5, signal.SIGTERM), **flags)
     assert stopped["stopped_by"] == "SIGTERM"
+    # A world the kept batch does not divide: the world size is what to change.
+    _refused(home, monkeypatch, "--num-processes: a world of 3 processes cannot share the "
+             "resumed run's --batch-size 64 evenly (a resume keeps it): resume on a world size "
+             "that divides 64, e.g. 2 or 4", resume=stopped["run_id"], num_processes=3)
     resumed = _run(home, "--resume", stopped["run_id"], "--num-processes", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert "learning rate   = 0.001 (base, tuned for batch 64) x 1 (linear) = 0.001" in \
