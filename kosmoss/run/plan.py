@@ -8,6 +8,7 @@ recorded ``running`` whose processes are gone is recorded ``killed`` when resume
 """
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         point.check_data(statistics)
     run_id, run_dir, resume_from, step = _identity(point, topology, engine)
     timeout = config.collective_timeout_s or COLLECTIVE_TIMEOUT_S[policy.accelerator]
+    _check_link_time(config, topology, need, timeout)
     # Data on the device is gathered there, in this process: no worker would read it.
     num_workers = 0 if data_mode == "device" else (
         config.num_workers if config.num_workers is not None
@@ -336,6 +338,27 @@ def _requeued_checkpoint(run_dir: Path, topology: Topology) -> Optional[Path]:
     (same job id, same run id)."""
     requeued = run_dir / "checkpoints" / PREEMPTED
     return requeued if topology.launcher is Launcher.SLURM and requeued.is_file() else None
+
+
+def _check_link_time(config: RunConfig, topology: Topology, need: memory.MemoryNeed,
+                     timeout: float) -> None:
+    """On shaped hosts, every step's all-reduce (and DDP's first broadcast) moves the model
+    across a link at least once: slower than the collective timeout, every run fails."""
+    from ..launch.hosts import parse_rate, rate_name
+
+    rate = parse_rate(config.link_rate, "--link-rate") if config.hosts == "netns" else None
+    if rate is None or topology.num_nodes < 2:
+        return
+    nbytes = need.params * 4  # float32 gradients, whatever the precision of the compute
+    crossing = nbytes * 8 / rate
+    if crossing < timeout:
+        return
+    said = "{field}" if config.collective_timeout_s else "the default {field}"
+    raise ConfigError("collective_timeout_s", f"{said} {timeout:g} s: over the hosts' "
+                      f"{rate_name(rate)} link the model's {nbytes / 1e6:.3g} MB of gradients "
+                      f"take {crossing:,.0f} s to cross once, as every step's all-reduce must; "
+                      f"give {{field}} {math.ceil(2 * crossing)} or more, or a faster "
+                      "--link-rate")
 
 
 def _check_hosts_launch(config: RunConfig, topology: Topology) -> None:

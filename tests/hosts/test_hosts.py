@@ -118,6 +118,35 @@ def test_a_rank_whose_interface_cannot_reach_master_addr(monkeypatch):
     hosts.check_rank_interface({"GLOO_SOCKET_IFNAME": "eth0", "MASTER_ADDR": "10.9.0.1"})
 
 
+@needs_hosts
+@pytest.mark.parametrize("flags, said", [
+    (dict(collective_timeout_s=5), "--collective-timeout 5 s: over the hosts' 1mbit link the "
+     "model's 1.96 MB of gradients take 16 s to cross once, as every step's all-reduce must; "
+     "give --collective-timeout 32 or more, or a faster --link-rate"),
+    (dict(hidden=(4096, 4096)), "the default --collective-timeout 120 s: over the hosts' 1mbit "
+     "link the model's 144 MB of gradients take 1,151 s to cross once, as every step's "
+     "all-reduce must; give --collective-timeout 2302 or more"),
+    (dict(), None), (dict(collective_timeout_s=5, link_rate="10mbit"), None)])
+def test_a_link_too_slow_for_the_collective_timeout_is_refused_before_any_host(
+        shared_home, monkeypatch, flags, said):
+    """At 1mbit a step's all-reduce outlasts a short timeout: every run failed after its
+    start-up with "a rank hangs or is far slower than the others"."""
+    from kosmoss.core.errors import ConfigError
+    from kosmoss.run import RunConfig
+    from kosmoss.run.flags import in_flag_terms
+    from kosmoss.run.plan import prepare
+
+    monkeypatch.setenv("KOSMOSS_HOME", str(shared_home))
+    flags = dict(dict(dataset="tiny", num_nodes=2, hosts="netns", link_rate="1mbit"), **flags)
+    config = RunConfig(**flags, given=frozenset(flags))
+    if said is None:
+        prepare(config)
+        return
+    with pytest.raises(ConfigError) as refused:
+        prepare(config)
+    assert in_flag_terms(refused.value).startswith(said), in_flag_terms(refused.value)
+
+
 # --- real namespaces ---------------------------------------------------------------------
 
 @needs_hosts
