@@ -132,22 +132,29 @@ def who_hangs(result) -> Optional[str]:
     """The rank the others wait for, from the stacks of the run's processes on this host
     (a :class:`~.stacks.RunStacks`): a stopped one (/proc says state T), else the one
     not in a collective while the others are, else ranks in different collectives (a
-    deadlock). None when this host cannot tell (the rank is elsewhere, or gone)."""
+    deadlock); ranks all in one collective (or timed out in it too, caught writing their
+    stacks) say the wait is elsewhere or in the transfer. None when this host cannot tell."""
     from .runs import STOPPED_WHY
+    from .stacks import TIMED_OUT_SUMMARY, exiting
 
     ranks = [s for s in result.processes if s.process.role == "rank"]
     stopped = [s for s in ranks if s.stopped]
     if stopped:
         return "; ".join(f"{s.process.label} (pid {s.process.pid}) is stopped "
                          f"({STOPPED_WHY.format(pid=s.process.pid)})" for s in stopped)
-    with_ranks = [g for g in result.groups if any(m.process.role == "rank" for m in g.members)]
+    with_ranks = [g for g in result.groups if any(m.process.role == "rank" for m in g.members)
+                  and not exiting(g.summary)]
     odd = [g for g in with_ranks if g.odd and not g.waits]
     if odd:
         return "; ".join(f"{g.labels} is not in a collective: {g.summary}" for g in odd)
-    waiting = [g for g in with_ranks if g.waits]
+    waiting = [g for g in with_ranks if g.waits and g.summary != TIMED_OUT_SUMMARY]
     if len(waiting) > 1 and len({g.summary for g in waiting}) > 1:
         return "the ranks wait in different collectives (a deadlock): " + "; ".join(
             f"{g.labels} {g.summary}" for g in waiting)
+    if len(ranks) > 1 and waiting and all(g.waits for g in with_ranks):
+        return (f"every rank seen here waits in one collective ({waiting[0].summary}) or "
+                "timed out in it: a rank on another host hangs, or the transfer outlasted "
+                "the timeout (a slow or cut link)")
     return None
 
 

@@ -17,6 +17,8 @@ import functools
 import json
 import linecache
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from .runs import RUNNING_STATE, STOPPED, STOPPED_WHY, LiveRun, RunProcess, read
 
 _HERE = Path(__file__).parent
 FRESH_S = 5.0  # a heartbeat this recent: the run is still making steps
+ATTACH_TRIES, ATTACH_BACKOFF_S = 6, 0.1  # about 4 s at most for another reader to finish
 DUMP_TIMEOUT_S = 60.0  # py-spy takes ~1 s per process; far more on a loaded machine
 PARALLEL_DUMPS = 8
 # torch.distributed's collectives, as their Python function names.
@@ -47,6 +50,15 @@ DDP_COLLECTIVES = {"_distributed_broadcast_coalesced": "broadcast of the buffers
                    "_sync_params_and_buffers": "broadcast of the parameters (DDP start-up)",
                    "_verify_param_shape_across_processes": "check of the parameter shapes "
                                                            "(DDP start-up)"}
+# A rank whose own collective timed out, caught writing its stacks as this one reads them.
+TIMED_OUT_TOO = "_stacks_on_timeout"  # kosmoss.run.train
+TIMED_OUT_SUMMARY = "timed out in a collective too, writing its stacks"
+# A main thread with no Python frame: the interpreter is finalising (or not started yet).
+NO_PYTHON_FRAME = "no Python frame: exiting, or not started yet"
+# A main thread whose outermost frame is not the program's: the main module has returned
+# or raised, and atexit or weakref finalisers run (torch's `_del_library`).
+PROGRAM_FRAMES = ("<module>", "_run_module_as_main", "_run_code", "run_path", "spawn_main")
+EXITING = "exiting: "
 # Native frames of a collective: c10d (process groups, DDP's reducer), gloo, NCCL.
 NATIVE_COLLECTIVE = ("c10d::", "gloo::", "nccl", "ProcessGroup")
 # Frames worth naming on the way out of a stack: where in Lightning's loop a rank is.
@@ -202,12 +214,26 @@ def dump(pid: int, native: bool = False, py_spy: Optional[str] = None,
         command.append("--native")
     if nonblocking:
         command.append("--nonblocking")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise StackError(f"pid {pid}: py-spy did not answer within {DUMP_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        raise _failure(pid, (done.stderr or done.stdout).strip())
+    for attempt in range(ATTACH_TRIES):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=DUMP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise StackError(f"pid {pid}: py-spy did not answer within {DUMP_TIMEOUT_S:g} s"
+                             ) from None
+        if done.returncode == 0:
+            break
+        failure = _failure(pid, (done.stderr or done.stdout).strip())
+        if not isinstance(failure, PtraceDenied):
+            raise failure
+        tracer = _tracer_of(pid)
+        if attempt == ATTACH_TRIES - 1:
+            raise failure if not tracer else StackError(
+                f"pid {pid}: another process ({tracer}) is attached to it, and ptrace lets "
+                "one at a time; run it again once that one is done")
+        # Ranks that time out together read each other at once: the kernel refuses the
+        # second tracer with the EPERM of a missing right. Wait for the first to detach.
+        time.sleep(ATTACH_BACKOFF_S * (attempt + 1) * (1 + random.random()))
     try:
         return [_thread(raw) for raw in json.loads(done.stdout)]
     except (ValueError, KeyError, TypeError) as err:
@@ -238,6 +264,22 @@ def _failure(pid: int, message: str) -> Exception:
     if "no such file" in lowered or "check that the process is running" in lowered:
         return StackError(f"pid {pid}: ended before its stack was read")
     return StackError(f"pid {pid}: py-spy failed: {first}")
+
+
+def _tracer_of(pid: int) -> str:
+    """The process attached to ``pid`` with ptrace ("pid N, py-spy"), or "" for none."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        tracer = int(re.search(r"^TracerPid:\s*(\d+)", status, re.M).group(1))
+    except (OSError, AttributeError, ValueError):
+        return ""
+    if not tracer:
+        return ""
+    try:
+        name = Path(f"/proc/{tracer}/comm").read_text().strip()
+    except OSError:
+        name = "gone since"
+    return f"pid {tracer}, {name}"
 
 
 def _ptrace_hint() -> str:
@@ -330,9 +372,11 @@ def describe(stacks: ProcessStacks) -> Tuple[str, bool]:
         return stacks.error, False
     thread = stacks.main
     if thread is None or not thread.frames:
-        return "no Python frame (idle in native code)", False
+        return NO_PYTHON_FRAME, False
     python = [f for f in thread.frames if not f.native]
     where, waits, start = _where(thread.frames, python)
+    if not waits and python and python[-1].function not in PROGRAM_FRAMES:
+        return f"{EXITING}{where} ← {python[-1].function}", False
     outer = _landmarks(python[start:], skip=where)
     return " ← ".join([where] + outer), waits
 
@@ -345,8 +389,12 @@ def _where(frames: List[Frame], python: List[Frame]) -> Tuple[str, bool, int]:
             caller = next((f for f in python[index + 1:] if not _in_torch_distributed(f)), None)
             by = f" from {caller.name}" if caller else ""
             return f"in {frame.function} (torch.distributed){by}", True, index + 1
-        if frame.function in DDP_COLLECTIVES and "torch/nn/parallel/" in frame.filename:
+        # torch 2.13 keeps DDP's start-up broadcasts in torch/distributed/utils.py.
+        if frame.function in DDP_COLLECTIVES and ("torch/nn/parallel/" in frame.filename
+                                                  or _in_torch_distributed(frame)):
             return DDP_COLLECTIVES[frame.function], True, index + 1
+        if frame.function == TIMED_OUT_TOO and "kosmoss" in frame.filename:
+            return TIMED_OUT_SUMMARY, True, index + 1
         if frame.function in ("_engine_run_backward", "run_backward") and \
                 ("Reducer" in " ".join(f.name for f in native) or not native):
             # DDP's reducer all-reduces gradient buckets inside backward; without native
@@ -414,8 +462,9 @@ def _mark_odd(groups: List[Group]) -> None:
         g.odd, g.why_odd = True, "stopped: it makes no step, the other ranks wait for it"
     if stopped:
         return
+    # An exiting rank may be one another's timeout ended: no sign of whom the rest wait for.
     ranked = [g for g in groups if any(m.process.role == "rank" and not m.error
-                                       for m in g.members)]
+                                       for m in g.members) and not exiting(g.summary)]
     if len(ranked) < 2:
         return
     waiting = [g for g in ranked if g.waits]
@@ -424,10 +473,18 @@ def _mark_odd(groups: List[Group]) -> None:
         for g in working:
             g.odd, g.why_odd = True, "not in a collective: the other ranks wait for it"
         return
+    ranked = [g for g in ranked if g.summary != TIMED_OUT_SUMMARY]  # caught reading, not odd
+    if len(ranked) < 2:
+        return
     sizes = sorted(len(g.members) for g in ranked)
     if sizes[0] < sizes[1]:
         smallest = min(ranked, key=lambda g: len(g.members))
         smallest.odd, smallest.why_odd = True, "the only rank(s) with this stack"
+
+
+def exiting(summary: str) -> bool:
+    """A process on its way out: a timeout of another rank may be what ended it."""
+    return summary == NO_PYTHON_FRAME or summary.startswith(EXITING)
 
 
 def _rank_order(stacks: ProcessStacks):

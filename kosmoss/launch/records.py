@@ -46,6 +46,9 @@ RUN_ID_ENV = "KOSMOSS_RUN_ID"
 LAUNCHER_ENV = "KOSMOSS_RUN_LAUNCHER"
 RUN_FILE = "run.json"
 PROCESS_DIR = "processes"
+# A failure's reason as recorded: room for a hang's diagnosis and its stacks file, not for a
+# whole NCCL or gloo error text.
+REASON_CHARS = 1000
 RUNNING, FINISHED, FAILED, STOPPED, KILLED = "running", "finished", "failed", "stopped", "killed"
 ENDED = (FINISHED, FAILED, STOPPED, KILLED)
 # Launchers outside kosmoss, as their program shows in a rank's ancestry (horovodrun's
@@ -248,7 +251,7 @@ def recorded(run_dir: Path, *, kind: str, global_rank: int = 0,
         finish(STOPPED, "KeyboardInterrupt", signal.SIGINT.name)
         raise
     except BaseException as err:
-        finish(FAILED, f"{type(err).__name__}: {err}"[:500])
+        finish(FAILED, f"{type(err).__name__}: {err}"[:REASON_CHARS])
         raise
     finish(membership.ending[0])
 

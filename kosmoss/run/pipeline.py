@@ -174,9 +174,8 @@ def simulate(plan: RunPlan, echo: Callable[[str], None]) -> dict:
                                             link_rate=plan.config.link_rate, run_id=plan.run_id)
         if failure is not None:
             _raise_if_diverged(plan, started)  # every node ended so: its line, not an exit code
-            why = _recorded_error(plan, failure.pid)
-            raise RunFailed(f"{failure}{f' ({why})' if why else ''}; the other nodes were ended "
-                            f"too (run {plan.run_id})")
+            raise RunFailed(f"{_failure_line(plan, failure)}; the other nodes were ended too "
+                            f"(run {plan.run_id})")
         # Node 0's rank 0 wrote result.json (and --result-json, the same flags reached it).
         result = json.loads((plan.run_dir / "result.json").read_text())
         if result.get("stopped_by"):
@@ -195,9 +194,31 @@ def _raise_if_diverged(plan: RunPlan, started: float) -> None:
         raise Diverged(diverged_line(result))
 
 
-def _recorded_error(plan: RunPlan, pid: int) -> str:
+# What gloo says to a rank whose peer ended: the failure is the peer's, not its own.
+PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def _failure_line(plan: RunPlan, failure) -> str:
+    """The node that failed first, and why; when its peer's end is all it says, the node
+    that failed on its own too (a collective timeout first writes the stacks, so the peers
+    it closed its connections to often exit before it)."""
+    mine = {r.get("pid"): r for r in records.read_processes(plan.run_dir)
+            if r.get("host") == records.hostname()}
+    failed = mine.get(failure.pid, {})
+    why = _first_line(failed)
+    if not any(words in why for words in PEER_ENDED):
+        return f"{failure}{f' ({why})' if why else ''}"
+    causes = [r for r in mine.values() if r.get("role") == "rank" and r.get("pid") != failure.pid
+              and r.get("attempt") == failed.get("attempt") and _first_line(r)
+              and not any(words in _first_line(r) for words in PEER_ENDED)]
+    if not causes:
+        return f"{failure} ({why})"
+    cause = min(causes, key=lambda r: r.get("ended_at") or 0)
+    return (f"{failure}: a peer closed its connections, as node {cause.get('node_rank')} (pid "
+            f"{cause.get('pid')}) failed ({_first_line(cause)})")
+
+
+def _first_line(record: dict) -> str:
     """What a node process recorded as its error (it printed nothing: its parent speaks)."""
-    record = next((r for r in records.read_processes(plan.run_dir) if r.get("pid") == pid
-                   and r.get("host") == records.hostname()), {})
     lines = (record.get("error") or "").splitlines()
-    return lines[0][:300] if lines else ""
+    return lines[0][:records.REASON_CHARS] if lines else ""

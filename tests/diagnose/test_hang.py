@@ -102,12 +102,15 @@ def test_the_startup_check_does_nothing_without_a_process_group():
     assert check.passed_in_s is None
 
 
-def _rank(rank: int, frames, state="sleeping"):
+def _rank(rank: int, frames, state="sleeping", program=True):
+    """A rank's stack as py-spy reads it: ``frames`` innermost first, in a program's main
+    module (``program``; else as at exit, atexit or finalisers running)."""
     from kosmoss.diagnose.runs import RunProcess
     from kosmoss.diagnose.stacks import Frame, ProcessStacks, Thread
 
     pid = 1000 + rank
     process = RunProcess(pid, 0.0, "rank", rank, f"rank {rank}")
+    frames = list(frames) + ([("<module>", "trainup_cpu.py", 47)] if frames and program else [])
     stack = [Frame(name, path, line) for name, path, line in frames]
     return ProcessStacks(process, [Thread("MainThread", pid, stack)], state=state)
 
@@ -136,7 +139,9 @@ def test_the_rank_the_others_wait_for_is_named_in_the_timeout_line():
     assert deadlock.startswith("the ranks wait in different collectives (a deadlock): ")
     assert "rank 0 (pid 1000) in all_reduce" in deadlock and "rank 1 (pid 1001) in broadcast" \
         in deadlock
-    assert _who(_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE)) is None  # the rank is elsewhere
+    elsewhere = _who(_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE))  # the rank is elsewhere
+    assert elsewhere.startswith("every rank seen here waits in one collective (in all_reduce "
+                                "(torch.distributed) from training_step)")
     line = hang.timeout_line(RuntimeError(GLOO_RECV), 30, stopped)
     assert line == f"a collective waited longer than 30 s (--collective-timeout): {stopped}"
 
@@ -157,3 +162,56 @@ def test_a_fresh_step_says_the_run_moves_unless_a_rank_has_stopped_since():
                _rank(2, SLEEPS, state="stopped"))
     assert "rank 1 (pid 1001), rank 2 (pid 1002) are stopped" in two and \
         "wait for them (`kill -CONT 1001 1002`)" in two
+
+
+# torch 2.13: DDP's start-up broadcast is in torch/distributed/utils.py, not torch/nn/parallel.
+DDP_START = [("_sync_params_and_buffers", "site-packages/torch/distributed/utils.py", 326),
+             ("_sync_module_states", "site-packages/torch/distributed/utils.py", 315),
+             ("__init__", "site-packages/torch/nn/parallel/distributed.py", 1066),
+             ("setup", "pytorch_lightning/strategies/ddp.py", 172)]
+# A rank whose own timeout came first, read while it writes its stacks.
+DUMPING = [("collect", "kosmoss/diagnose/stacks.py", 180),
+           ("dump_stacks", "kosmoss/diagnose/hang.py", 178),
+           ("_stacks_on_timeout", "kosmoss/run/train.py", 164),
+           ("train", "kosmoss/run/train.py", 108)]
+
+
+def test_ranks_that_all_time_out_in_one_collective_are_not_taken_for_a_hung_rank():
+    """Over a link too slow for the timeout both ranks time out in DDP's first broadcast
+    and each reads the other writing its stacks: that rank is no odd one out, and the two
+    summaries are no deadlock."""
+    from kosmoss.diagnose.stacks import describe
+
+    assert describe(_rank(0, DDP_START)) == \
+        ("broadcast of the parameters (DDP start-up) ← setup", True)
+    for ranks in ((_rank(0, DDP_START), _rank(1, DUMPING)),
+                  (_rank(0, ALL_REDUCE), _rank(1, ALL_REDUCE), _rank(2, DUMPING))):
+        said = _who(*ranks)
+        assert said.startswith("every rank seen here waits in one collective (") and \
+            "the transfer outlasted the timeout (a slow or cut link)" in said, said
+    assert _who(_rank(0, DDP_START), _rank(1, SLEEPS)).startswith(
+        "rank 1 (pid 1001) is not in a collective")
+    assert _who(_rank(0, ALL_REDUCE)) is None  # one rank seen: the others are elsewhere
+
+
+def test_a_rank_with_no_python_frame_left_is_not_taken_for_the_one_the_others_wait_for():
+    """The first rank to time out exits; read by the next one, its main thread has no
+    Python frame left. It was marked the odd one out, "not in a collective"."""
+    from kosmoss.diagnose.stacks import NO_PYTHON_FRAME, describe, group
+
+    exiting = _rank(0, [])
+    assert describe(exiting) == (NO_PYTHON_FRAME, False)
+    finalising = _rank(3, [("_del_library", "site-packages/torch/library.py", 665),
+                           ("__call__", "weakref.py", 590), ("_exitfunc", "weakref.py", 666)],
+                       program=False)
+    assert describe(finalising)[0].startswith("exiting: in _del_library") and \
+        describe(finalising)[0].endswith("← _exitfunc")
+    assert _who(finalising, _rank(1, ALL_REDUCE), _rank(2, ALL_REDUCE)).startswith(
+        "every rank seen here waits in one collective")
+    ranks = [exiting, _rank(1, DDP_START), _rank(2, DUMPING), _rank(3, DUMPING)]
+    assert not [g for g in group(ranks) if g.odd]
+    assert _who(*ranks).startswith("every rank seen here waits in one collective (broadcast "
+                                   "of the parameters (DDP start-up) ← setup) or timed out")
+    # Beside a rank that works on while the others wait, it changes nothing.
+    assert _who(exiting, _rank(1, ALL_REDUCE), _rank(2, SLEEPS)).startswith(
+        "rank 2 (pid 1002) is not in a collective")

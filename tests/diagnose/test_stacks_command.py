@@ -119,3 +119,18 @@ def test_no_permission_to_ptrace(marked_run, tmp_path, monkeypatch, capsys):
     err = _bad(capsys, "stacks", RUN_ID)
     assert "no permission to attach with ptrace" in err
     assert "sudo" in err or "SYS_PTRACE" in err
+
+
+def test_readers_of_one_process_at_once_each_read_it(marked_run):
+    """Ranks that time out together read each other's stacks at once; ptrace lets one
+    tracer attach at a time, and the kernel refuses the next with the EPERM of a missing
+    right: it was reported as "no permission to attach with ptrace", with advice about
+    sudo. Each reader now waits for the one before it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kosmoss.diagnose.stacks import dump
+
+    _, launcher = marked_run
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        read = list(pool.map(lambda _: dump(launcher.pid), range(4)))
+    assert all(any(t.os_thread_id == launcher.pid for t in threads) for threads in read)

@@ -1,6 +1,8 @@
 """Small messages that must say the right thing: the K error names the nodes when they are
 the reason; --resume names a checkpoint file as a file; kosmoss project says a grid that
 only loses loses, instead of "samples/s still rise"."""
+import json
+
 import pytest
 
 from kosmoss.commands.project import summary_lines
@@ -87,3 +89,43 @@ def test_workers_the_data_on_the_gpu_cannot_use_are_said_unused(
     plan = prepare(RunConfig(**flags, given=frozenset(flags)))
     assert [w for w in plan.warnings if "--num-workers" in w] == ([said] if said else [])
     assert plan.num_workers == (0 if mode == "device" else workers)
+
+
+PEER_CLOSED = ("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+               "[10.213.0.4]:45709. This is typically caused by a remote worker crashing.")
+TIMED_OUT = ("RunFailed: a collective waited longer than 17 s (--collective-timeout): every "
+             "rank seen here waits in one collective; stacks of every process of the run in "
+             "/runs/r/stacks/x.txt")
+
+
+def _node_record(folder, pid, node, error, attempt="1@1.0#0", ended=0.0):
+    from kosmoss.launch import records
+
+    record = {"pid": pid, "host": records.hostname(), "role": "rank", "node_rank": node,
+              "attempt": attempt, "state": "failed", "error": error, "ended_at": ended}
+    (folder / f"{records.hostname()}-{pid}.json").write_text(json.dumps(record))
+
+
+def test_a_node_that_failed_because_its_peer_closed_names_the_node_that_failed_itself(tmp_path):
+    """Over a slow link the ranks time out together; the one whose peer closed first exits
+    first, and the run's line said gloo's "Connection closed by peer", not the timeout and
+    its stacks, which the peer had recorded."""
+    from types import SimpleNamespace
+
+    from kosmoss.launch.nodes import NodeFailure
+    from kosmoss.run.pipeline import _failure_line
+
+    folder = tmp_path / "processes"
+    folder.mkdir()
+    plan = SimpleNamespace(run_dir=tmp_path)
+    _node_record(folder, 10, 0, PEER_CLOSED, ended=5.0)
+    assert _failure_line(plan, NodeFailure(0, 10, 1)) == \
+        f"node 0 (pid 10) exited with code 1 ({PEER_CLOSED})"
+    _node_record(folder, 11, 1, PEER_CLOSED, ended=6.0)
+    _node_record(folder, 12, 2, "RuntimeError: an earlier attempt's", attempt="9@9.0#0")
+    _node_record(folder, 13, 3, TIMED_OUT, ended=7.0)
+    assert _failure_line(plan, NodeFailure(0, 10, 1)) == \
+        "node 0 (pid 10) exited with code 1: a peer closed its connections, as node 3 " \
+        f"(pid 13) failed ({TIMED_OUT})"
+    assert _failure_line(plan, NodeFailure(3, 13, 1)) == \
+        f"node 3 (pid 13) exited with code 1 ({TIMED_OUT})"
