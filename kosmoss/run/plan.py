@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -38,6 +38,7 @@ from ..scaling.arithmetic import warmup_factor
 from . import memory, resume
 from .chunks import steps_per_execution
 from .config import COLLECTIVE_TIMEOUT_S, RunConfig, check_batch_fits, validate
+from .flags import flag_names
 from .preemption import CHECKPOINT as PREEMPTED
 
 
@@ -99,8 +100,10 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
     UsageError naming the file) before anything is written."""
     warnings = validate(config)
     point = resume.find(config) if config.resume else None
+    placed: Tuple[str, ...] = ()
     if point is not None:  # the stopped run's settings, checked again as a whole
-        config, warnings = point.config, validate(point.config)
+        config, placed = _placed_by_the_launcher(point.config)
+        warnings = validate(config)
     engine = get_engine(config.strategy)
     engine.check_available()
     topology = launch.resolve(config.num_processes, config.num_nodes, engine)
@@ -161,7 +164,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         collective_timeout=timedelta(seconds=timeout),
         warnings=tuple(policy.warnings) + warnings + _short_warmup(config, scaling, sizes)
         + _unused_workers(config, data_mode, policy.gpu),
-        notes=(point.notes if point is not None else ()) +
+        notes=(point.notes if point is not None else ()) + placed +
         _elastic_notes(topology, run_dir, step, scaling),
         steps_per_execution=steps,
     )
@@ -359,6 +362,22 @@ def _check_link_time(config: RunConfig, topology: Topology, need: memory.MemoryN
                       f"take {crossing:,.0f} s to cross once, as every step's all-reduce must; "
                       f"give {{field}} {math.ceil(2 * crossing)} or more, or a faster "
                       "--link-rate")
+
+
+def _placed_by_the_launcher(config: RunConfig) -> Tuple[RunConfig, Tuple[str, ...]]:
+    """A run resumed under torchrun, srun or horovodrun: the launcher places the ranks, so
+    the stopped run's own placement (not typed again) is left to it, and said."""
+    from ..devices.environment import detect_launcher
+
+    found = detect_launcher()
+    if found not in Launcher._value2member_map_ or not Launcher(found).external:
+        return config, ()
+    own = dict(num_processes=None, num_nodes=None, hosts="loopback", link_rate=None)
+    left = {name: value for name, value in own.items() if name not in (config.given or ())
+            and getattr(config, name) != value}
+    notes = tuple(f"resume: {found} places the ranks: the stopped run's {flag_names()[name]} "
+                  f"{getattr(config, name)} is left to it" for name in left)
+    return replace(config, **left), notes
 
 
 def _check_hosts_launch(config: RunConfig, topology: Topology) -> None:

@@ -172,7 +172,13 @@ def merge(config: RunConfig, stored: dict, resume: str) -> Tuple[RunConfig, Tupl
         else:
             notes.append(f"resume: {flag_names()[name]} {_show(mine)} (the stopped run had "
                          f"{_show(theirs)})")
-    return replace(config, **changes), tuple(notes)
+    merged = replace(config, **changes)
+    if merged.hosts != "netns" and merged.link_rate is not None and "link_rate" not in given:
+        # The rate shapes the hosts' links: leaving the hosts leaves it behind.
+        notes.append(f"resume: --link-rate {merged.link_rate} dropped with --hosts "
+                     f"{merged.hosts} (no link to shape)")
+        merged = replace(merged, link_rate=None)
+    return merged, tuple(notes)
 
 
 def _given(config: RunConfig) -> FrozenSet[str]:

@@ -48,8 +48,9 @@ def test_a_finished_run_is_continued_only_when_asked_and_keeps_its_history(
 
     _refused(home, monkeypatch, f"--hidden 50 contradicts the resumed run's --hidden 16 (run "
              f"{run_id})", resume=run_id, hidden=(50,))
-    _refused(home, monkeypatch, "--base-batch-size 32 contradicts the resumed run's default "
-             f"--base-batch-size (run {run_id})", resume=run_id, base_batch_size=32)
+    # Left unset, the run scaled from its per-device batch: the value a resume keeps.
+    _refused(home, monkeypatch, "--base-batch-size 32 contradicts the resumed run's "
+             f"--base-batch-size 64 (run {run_id})", resume=run_id, base_batch_size=32)
     _refused(home, monkeypatch, "the run finished; to train it further give a larger "
              "--max-epochs or --max-steps", resume=run_id)
     assert _snapshot(run_dir) == before  # run.json still finished, metrics.csv intact
@@ -146,8 +147,10 @@ def test_a_bare_resume_keeps_every_recorded_flag_and_run_json_its_config(shared_
     assert json.loads(out.read_text())["run_id"] == stopped["run_id"]  # --result-json kept
     config = json.loads((run_dir / "run.json").read_text())["config"]
     assert config is not None
-    assert {k: v for k, v in config.items() if k != "resume"} == \
-        {k: v for k, v in recorded.items() if k != "resume"}
+    # The batch the rate is scaled from, left unset, is written out: the per-device batch.
+    assert (recorded["base_batch_size"], config["base_batch_size"]) == (None, 64)
+    assert {k: v for k, v in config.items() if k not in ("resume", "base_batch_size")} == \
+        {k: v for k, v in recorded.items() if k not in ("resume", "base_batch_size")}
 
 
 def test_a_failed_checkpoint_write_advises_a_resume_that_works(shared_home, tmp_path,
@@ -377,3 +380,42 @@ def test_a_resume_on_another_world_size_trains_on_at_the_stopped_runs_rate(
     assert trained == {last["hyper_parameters"]["lr"]} == {0.001}
     record = json.loads((Path(stopped["run_dir"]) / "run.json").read_text())
     assert (record["world_size"], record["config"]["base_batch_size"]) == (2, 64)
+
+
+def test_a_resume_under_a_launcher_leaves_the_placement_to_it(monkeypatch):
+    """A run started with --num-nodes 2 --hosts netns and resumed under torchrun was refused:
+    "--num-nodes 2 contradicts torchrun's --nnodes 1", a flag the user had not typed."""
+    from kosmoss.run.plan import _placed_by_the_launcher
+
+    stopped = dict(num_processes=2, num_nodes=2, hosts="netns", link_rate="1gbit", max_epochs=9)
+    bare = RunConfig(**stopped, given=frozenset({"max_epochs"}))
+    for variable in ("TORCHELASTIC_RUN_ID", "HOROVOD_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    assert _placed_by_the_launcher(bare) == (bare, ())  # no launcher: the run's own
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # what torchrun sets, Lightning reads
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                 "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(name, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.get(name, "0"))
+    placed, notes = _placed_by_the_launcher(bare)
+    assert (placed.num_processes, placed.num_nodes, placed.hosts, placed.link_rate,
+            placed.max_epochs) == (None, None, "loopback", None, 9)
+    assert notes == tuple(f"resume: torchrun places the ranks: the stopped run's {flag} is left "
+                          "to it" for flag in ("--num-processes 2", "--num-nodes 2",
+                                               "--hosts netns", "--link-rate 1gbit"))
+    typed = RunConfig(**stopped, given=frozenset({"num_nodes"}))  # typed: torchrun's check says
+    assert _placed_by_the_launcher(typed)[0].num_nodes == 2
+
+
+def test_leaving_the_hosts_on_resume_leaves_their_link_rate():
+    """--resume R --hosts loopback of a netns run was refused: "--link-rate 1gbit: only with
+    --hosts netns", a rate carried from the record, not typed."""
+    from kosmoss.run.resume import merge
+
+    stored = {"hosts": "netns", "link_rate": "1gbit", "num_nodes": 2}
+    merged, notes = merge(RunConfig(hosts="loopback", given=frozenset({"hosts"})), stored,
+                          "20261207-000000-abc")
+    assert (merged.hosts, merged.link_rate, merged.num_nodes) == ("loopback", None, 2)
+    assert notes[-1] == "resume: --link-rate 1gbit dropped with --hosts loopback (no link to shape)"
+    kept, _ = merge(RunConfig(given=frozenset()), stored, "20261207-000000-abc")
+    assert (kept.hosts, kept.link_rate) == ("netns", "1gbit")
