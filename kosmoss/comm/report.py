@@ -16,8 +16,17 @@ CSV_COLUMNS = ("group", "ranks", "bytes", "size", "repeats", "time_s", "min_time
                "max_time_s", "mean_time_s", "wait_s", "algbw_Bps", "busbw_Bps")
 
 
-def _gbps(value) -> str:
-    return "" if value is None else f"{value / 1e9:.3f}"
+def rate_unit(result: dict) -> tuple:
+    """GB/s, or MB/s where every bandwidth is below 0.1 GB/s (a shaped link of 1 Mbit/s
+    moves 0.000125 GB/s: three decimals of GB/s would print zeros)."""
+    rates = [row["busbw_Bps"] or 0 for group in result["groups"].values()
+             for row in group["rows"]] + [row["algbw_Bps"] or 0 for group in
+                                          result["groups"].values() for row in group["rows"]]
+    return ("GB/s", 1e9) if max(rates, default=0) >= 1e8 else ("MB/s", 1e6)
+
+
+def _rate(value, unit: tuple) -> str:
+    return "" if value is None else f"{value / unit[1]:.3f}"
 
 
 def _time(seconds: float) -> str:
@@ -33,8 +42,9 @@ def table(result: dict) -> Table:
                        f"{_nodes_word(plan)} x {plan['ranks_per_node']}), {plan['backend']} on "
                        f"{plan['device']}, median of {plan['repeats']}{how}",
                  caption=_caption(result), caption_justify="left")
-    columns = ("group", "size", "time", *(("mean", "wait") if spaced else ()), "algbw GB/s",
-               "busbw GB/s", "min..max")
+    unit = rate_unit(result)
+    columns = ("group", "size", "time", *(("mean", "wait") if spaced else ()),
+               f"algbw {unit[0]}", f"busbw {unit[0]}", "min..max")
     for name in columns:
         grid.add_column(name, justify="left" if name == "group" else "right")
     marks = {result["model_gradient_bytes"]: " (gradients)",
@@ -43,8 +53,8 @@ def table(result: dict) -> Table:
         for row in group["rows"]:
             extra = (_time(row["mean_time_s"]), _time(row["wait_s"])) if spaced else ()
             grid.add_row(f"{name} ({group['ranks']})", row["size"] + marks.get(row["bytes"], ""),
-                         _time(row["time_s"]), *extra, _gbps(row["algbw_Bps"]),
-                         _gbps(row["busbw_Bps"]),
+                         _time(row["time_s"]), *extra, _rate(row["algbw_Bps"], unit),
+                         _rate(row["busbw_Bps"], unit),
                          f"{_time(row['min_time_s'])}..{_time(row['max_time_s'])}")
     return grid
 
@@ -57,14 +67,18 @@ def _nodes_word(plan: dict) -> str:
 
 
 def _caption(result: dict) -> str:
-    fits = []
+    fits, unit = [], rate_unit(result)
     for name, group in result["groups"].items():
         fit = group["fit"]
         if fit:
-            fits.append(f"{name}: t = {_time(fit['alpha_s'])} + bytes / "
-                        f"{_gbps(fit['asymptotic_algbw_Bps'])} GB/s (link: "
+            # Below 0 no fixed cost fits: the smallest sizes came faster than the line.
+            cost = (f"{_time(fit['alpha_s'])} + " if fit["alpha_s"] >= 0 else "")
+            below = ", α fitted below 0: no fixed cost fits these sizes" \
+                if fit["alpha_s"] < 0 else ""
+            fits.append(f"{name}: t = {cost}bytes / "
+                        f"{_rate(fit['asymptotic_algbw_Bps'], unit)} {unit[0]} (link: "
                         f"{_time(fit['link_latency_s'])} a hop, "
-                        f"{_gbps(fit['link_bandwidth_Bps'])} GB/s)")
+                        f"{_rate(fit['link_bandwidth_Bps'], unit)} {unit[0]}{below})")
     return ("busbw = algbw x 2(n-1)/n (nccl-tests). α–β fit, " + "; ".join(fits) +
             f". Gradients of kosmoss's MLP: {human_size(result['model_gradient_bytes'])}.")
 
@@ -91,12 +105,14 @@ def write_png(result: dict, path: Path) -> None:
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     times, bandwidth = figure.subplots(1, 2)
+    unit = rate_unit(result)
     for k, (name, group) in enumerate(result["groups"].items()):
         sizes = [r["bytes"] for r in group["rows"]]
         color = f"C{k}"
         times.plot(sizes, [r["time_s"] for r in group["rows"]], "o", color=color,
                    label=f"{name} ({group['ranks']} ranks)")
-        bandwidth.plot(sizes, [r["busbw_Bps"] / 1e9 for r in group["rows"]], "o-", color=color,
+        bandwidth.plot(sizes, [r["busbw_Bps"] / unit[1] for r in group["rows"]], "o-",
+                       color=color,
                        label=f"{name} busbw")
         if group["fit"]:
             fit = group["fit"]
@@ -109,7 +125,7 @@ def write_png(result: dict, path: Path) -> None:
         axes.legend(fontsize=8)
     times.set_yscale("log")
     times.set_ylabel("time per all-reduce (s)")
-    bandwidth.set_ylabel("busbw (GB/s)")
+    bandwidth.set_ylabel(f"busbw ({unit[0]})")
     plan = result["plan"]
     figure.suptitle(f"kosmoss comm, {result['date'][:10]}: {plan['ranks']} ranks, "
                     f"{plan['backend']} on {plan['device']} (dotted: the MLP's gradients)",

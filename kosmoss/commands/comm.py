@@ -78,9 +78,12 @@ def comm_command(args: argparse.Namespace) -> None:
                      args.repeats, args.warmup, args.compute_s)
     rate = check_host_flags(args, plan)  # bad input: before anything is said or made
     progress = Console(stderr=True, highlight=False)
+    least = least_duration_s(plan, rate)
+    takes = "" if least is None else f" (at least {least / 60:.1f} min over the shaped links)"
     progress.print(f"kosmoss comm: {plan.ranks} ranks ({plan.nodes} node(s)), {plan.backend} on "
                    f"{plan.device}, {len(plan.sizes)} sizes up to "
-                   f"{figures.human_size(max(plan.sizes))}; output in {out_dir}", markup=False)
+                   f"{figures.human_size(max(plan.sizes))}{takes}; output in {out_dir}",
+                   markup=False)
     with _hosts(args, plan, rate) as made:
         if made is not None:
             plan = on_hosts(plan, made)
@@ -109,7 +112,47 @@ def check_host_flags(args: argparse.Namespace, plan) -> Optional[float]:
         raise UsageError("--hosts netns: give --nodes 2 or more (each node is a host)")
     hosts.check_support("--hosts netns")
     hosts.check_count(plan.nodes, "--nodes")
+    _check_link_time(plan, rate)
     return rate
+
+
+def _crossing_s(size: int, ranks: int, rate: float) -> float:
+    """The least an all-reduce of ``size`` bytes takes over a link of ``rate`` bits/s: a
+    ring sends 2(n-1)/n of the buffer out of each host, whatever its ranks per host."""
+    from ..scaling import allreduce as figures
+
+    return figures.bus_factor(ranks) * size * 8 / rate
+
+
+def _check_link_time(plan, rate: Optional[float]) -> None:
+    """A size whose all-reduce outlasts the ranks' timeout over the shaped link fails after
+    every smaller one was measured (at 1mbit 16 MiB takes 4 min): refused first."""
+    from ..comm.ranks import GROUP_TIMEOUT_S
+    from ..launch.hosts import rate_name
+    from ..scaling import allreduce as figures
+
+    if rate is None:
+        return
+    bound = GROUP_TIMEOUT_S / 2  # room for the protocol and a loaded machine
+    largest = max(plan.sizes)
+    if _crossing_s(largest, plan.ranks, rate) < bound:
+        return
+    fits = [size for size in figures.default_sizes()
+            if _crossing_s(size, plan.ranks, rate) < bound]
+    flag_value = figures.human_size(max(fits)).replace(" ", "") if fits else None  # 4MiB
+    advice = f"give --max-size {flag_value} or less" if fits else "give smaller --sizes"
+    raise UsageError(f"--link-rate {rate_name(rate)}: an all-reduce of "
+                     f"{figures.human_size(largest)} takes at least "
+                     f"{_crossing_s(largest, plan.ranks, rate):,.0f} s over it, past half the "
+                     f"ranks' {GROUP_TIMEOUT_S} s timeout; {advice}, or a faster rate")
+
+
+def least_duration_s(plan, rate: Optional[float]) -> Optional[float]:
+    """Every all-reduce of the plan over the shaped link, warm-up included (None: unshaped)."""
+    if rate is None:
+        return None
+    return sum(_crossing_s(size, plan.ranks, rate) for size in plan.sizes) * \
+        (plan.repeats + plan.warmup)
 
 
 @contextlib.contextmanager

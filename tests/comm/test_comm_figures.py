@@ -70,3 +70,37 @@ def test_default_sizes_span_4k_to_256m_with_the_gradient_and_the_bucket():
     assert sizes[0] == 4096 and sizes[-1] == 256 * MIB
     assert gradient in sizes and 25 * MIB in sizes and sizes == sorted(set(sizes))
     assert max(figures.default_sizes([gradient], max_size=32 * MIB)) == 16 * MIB
+
+
+def _slow_link_result():
+    """Two ranks across a 1 Mbit/s link, timed as measured there (the two smallest sizes
+    came faster than the line through the rest: α fits below 0)."""
+    from kosmoss.scaling.allreduce import MIB
+
+    measured = {4096: 926e-6, 16384: 0.139, 65536: 0.560, 262144: 2.21, MIB: 9.04}
+    rows = [figures.size_row(size, [t, t], 2) for size, t in measured.items()]
+    fit = figures.fit_alpha_beta(list(measured), list(measured.values()), 2)
+    plan = dict(ranks=2, nodes=2, ranks_per_node=1, backend="gloo", device="cpu", repeats=2,
+                host_namespaces=True, link_rate="1mbit")
+    return dict(plan=plan, groups={"world": dict(ranks=2, rows=rows, fit=fit.as_dict())},
+                model_gradient_bytes=figures.model_gradient_bytes(),
+                ddp_bucket_bytes=figures.DDP_BUCKET_BYTES, date="2026-12-07T20:09:00")
+
+
+def test_a_slow_link_is_shown_in_mb_per_s_not_as_zeros(tmp_path):
+    """At 1 Mbit/s every bandwidth printed 0.000 GB/s, and the fit "t = -36,643 µs + bytes
+    / 0.000 GB/s"."""
+    from rich.console import Console
+
+    from kosmoss.comm import report
+
+    result = _slow_link_result()
+    console = Console(record=True, width=250)
+    console.print(report.table(result))
+    text = console.export_text()
+    assert "algbw MB/s" in text and "busbw MB/s" in text and "GB/s" not in text
+    (row,) = [line for line in text.splitlines() if "1 MiB" in line]
+    assert "0.116" in row  # 1 MiB in 9.04 s
+    assert "t = bytes / 0.1" in text and "α fitted below 0" in text and "-36" not in text
+    report.write_png(result, tmp_path / "comm.png")
+    assert (tmp_path / "comm.png").stat().st_size > 0

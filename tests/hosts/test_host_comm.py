@@ -43,8 +43,26 @@ def test_bad_host_flags_of_comm_are_one_line(tmp_path):
     for args, said in ((["--link-rate", "1gbit"], "--link-rate 1gbit: only with --hosts netns"),
                        (["--hosts", "netns"], "--hosts netns: give --nodes 2 or more"),
                        (["--nodes", "2", "--hosts", "netns", "--link-rate", "x"],
-                        "--link-rate x: not a link rate")):
+                        "--link-rate x: not a link rate"),
+                       # 256 MiB over 1 Mbit/s: past the ranks' timeout, after an hour
+                       (["--nodes", "2", "--hosts", "netns", "--link-rate", "1mbit"],
+                        "--link-rate 1mbit: an all-reduce of 256 MiB takes at least 2,147 s "
+                        "over it, past half the ranks' 120 s timeout; give --max-size 4MiB or "
+                        "less, or a faster rate")):
         proc = subprocess.run([sys.executable, "-m", "kosmoss", "comm", "--ranks", "2", *args],
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "KOSMOSS_HOME": str(tmp_path)})
         assert proc.returncode == 2 and said in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_shaped_comm_says_how_long_it_takes_at_least():
+    from kosmoss.commands.comm import _check_link_time, least_duration_s
+    from kosmoss.comm.measure import make_plan
+    from kosmoss.scaling.allreduce import parse_size
+
+    plan = make_plan(2, 2, "gloo", "cpu", None, parse_size("4MiB", "--max-size"), 10, 2, 0.0)
+    _check_link_time(plan, 1e6)  # the advised --max-size passes
+    # 4 KiB..4 MiB by 4x and the MLP's 1.86 MiB gradients, 12 all-reduces each, 8 bits a byte
+    assert least_duration_s(plan, 1e6) == pytest.approx(
+        12 * 8 * (sum(4096 * 4**k for k in range(6)) + 1_955_408) / 1e6, rel=1e-9)
+    assert least_duration_s(plan, None) is None
