@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import launch
 from ..core import paths
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, UsageError
 from ..data import presets
 from ..data.loading import batches_per_epoch, chosen_mode, dataset_bytes
 from ..data.splits import SPLITS, split_sizes
@@ -125,7 +125,7 @@ def prepare(config: RunConfig, *, log: Optional[Callable[[str], None]] = None) -
         if point is None or error.field != "batch_size":
             raise
         raise _unshared_batch(config, topology.world_size) from None
-    dataset = presets.resolve(config.dataset, log=log, verify=False)  # checksums: at start
+    dataset = _dataset(config, point, log)
     sizes = _split_sizes(dataset)
     _check_fits(config.dataset, sizes, scaling)
     statistics = dataset.statistics()  # read once: both checks below need it
@@ -362,6 +362,19 @@ def _check_link_time(config: RunConfig, topology: Topology, need: memory.MemoryN
                       f"take {crossing:,.0f} s to cross once, as every step's all-reduce must; "
                       f"give {{field}} {math.ceil(2 * crossing)} or more, or a faster "
                       "--link-rate")
+
+
+def _dataset(config: RunConfig, point, log) -> PreparedDataset:
+    """The run's dataset (checksums: at start); a resumed run's that is gone may have moved."""
+    try:
+        return presets.resolve(config.dataset, log=log, verify=False)
+    except UsageError as error:
+        if point is None or "dataset" in (config.given or ()):
+            raise
+        said = str(error).removeprefix("--dataset ")  # presets.resolve names its flag
+        raise ConfigError("dataset", f"the resumed run's {{field}} {said}; if its data moved, "
+                          "give {field} with the new folder (checked against the checkpoint)"
+                          ) from None
 
 
 def _placed_by_the_launcher(config: RunConfig) -> Tuple[RunConfig, Tuple[str, ...]]:

@@ -31,6 +31,9 @@ from .preemption import CHECKPOINT as PREEMPTED
 FIXED = ("batch_size", "lr", "scale_lr", "base_batch_size", "warmup_steps", "dataset", "seed",
          "hidden", "precision")
 NORMALISATION = ("x_mean", "x_std", "y_mean", "y_std")  # LitMLP's buffers, from the data
+# Fixed in content, not in place: data staged elsewhere (a job's scratch folder, a moved
+# home) resumes when its statistics are the checkpoint's normalisation (check_data).
+MOVABLE = ("dataset",)
 # Settings a resume takes from the stopped run unless a flag says otherwise (then printed).
 # The engine and the world size too: the global batch is fixed, so a checkpoint moves
 # between DDP and Horovod, or to more ranks, and trains on the same way.
@@ -114,6 +117,11 @@ def find(config: RunConfig) -> ResumePoint:
     weights = content.get("state_dict") or {}
     normalisation = {name: weights[name].float().numpy() for name in NORMALISATION
                      if name in weights}
+    recorded = (stored.get("config") or {}).get("dataset")
+    if not normalisation and recorded is not None and merged.dataset != recorded:
+        raise ConfigError("dataset", f"{{field}} {merged.dataset}: the checkpoint of run "
+                          f"{run_dir.name} keeps no normalisation to check other data against; "
+                          f"resume with --dataset {recorded}")
     return ResumePoint(run_dir.name, run_dir, checkpoint, int(content["global_step"]), model,
                        merged, notes, stored, normalisation)
 
@@ -164,6 +172,9 @@ def merge(config: RunConfig, stored: dict, resume: str) -> Tuple[RunConfig, Tupl
         theirs, mine = _as_field(name, stored[name]), getattr(config, name)
         if name not in given or mine == theirs:
             changes[name] = theirs
+        elif name in MOVABLE:  # the data moved: find() checks it against the checkpoint
+            notes.append(f"resume: {flag_names()[name]} {_show(mine)} (the stopped run had "
+                         f"{_show(theirs)}): checked to hold the data it trained on")
         elif name in FIXED:
             said = "default {field}" if theirs is None else f"{{field}} {_show(theirs)}"
             raise ConfigError(name, f"{{field}} {_show(mine)} contradicts the resumed run's "

@@ -419,3 +419,43 @@ def test_leaving_the_hosts_on_resume_leaves_their_link_rate():
     assert notes[-1] == "resume: --link-rate 1gbit dropped with --hosts loopback (no link to shape)"
     kept, _ = merge(RunConfig(given=frozenset()), stored, "20261207-000000-abc")
     assert (kept.hosts, kept.link_rate) == ("netns", "1gbit")
+
+
+def test_a_dataset_that_moved_resumes_from_its_new_folder_once_checked(tmp_path, monkeypatch):
+    """Data staged elsewhere (a job's scratch folder, a moved home): the bare resume said
+    "no such dataset folder", and --dataset NEW was refused as contradicting the run's
+    --dataset. The new folder is taken when it holds the data the checkpoint trained on."""
+    import shutil
+
+    from stops import run_in_process
+
+    from kosmoss.data.sources import SyntheticSource
+    from kosmoss.data.store import prepare as prepare_data
+
+    home, first, moved, other = (tmp_path / name for name in ("home", "a", "b", "other"))
+    prepare_data(SyntheticSource(600, seed=1), first, shard_size=256)
+    prepare_data(SyntheticSource(600, seed=2), other, shard_size=256)
+    flags = dict(dataset=str(first), batch_size=64, hidden=(8,), max_epochs=3)
+    result = run_in_process(home, monkeypatch, max_steps=3, **flags)
+    shutil.move(first, moved)
+    _refused(home, monkeypatch, f"the resumed run's --dataset {first}: no such dataset folder",
+             resume=result["run_id"], max_steps=6)
+    message = _refused(home, monkeypatch, "it holds other data than run",
+                       resume=result["run_id"], max_steps=6, dataset=str(other))
+    assert message.startswith(f"--dataset {other}: ")
+    again = run_in_process(home, monkeypatch, resume=result["run_id"], max_steps=6,
+                           dataset=str(moved))
+    assert (again["global_step"], again["resumed_from_step"]) == (6, 3)
+    recorded = json.loads((Path(result["run_dir"]) / "run.json").read_text())["config"]
+    assert recorded["dataset"] == str(moved)  # the next resume finds it there
+    import torch  # a checkpoint without the normalisation cannot tell: the folder stays fixed
+
+    for checkpoint in (Path(result["run_dir"]) / "checkpoints").glob("*.ckpt"):
+        content = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        for name in ("x_mean", "x_std", "y_mean", "y_std"):
+            content["state_dict"].pop(name)
+        torch.save(content, checkpoint)
+    shutil.move(moved, first)
+    _refused(home, monkeypatch, f"--dataset {first}: the checkpoint of run {result['run_id']} "
+             f"keeps no normalisation to check other data against; resume with --dataset "
+             f"{moved}", resume=result["run_id"], max_steps=9, dataset=str(first))
