@@ -151,10 +151,38 @@ def who_hangs(result) -> Optional[str]:
     if len(waiting) > 1 and len({g.summary for g in waiting}) > 1:
         return "the ranks wait in different collectives (a deadlock): " + "; ".join(
             f"{g.labels} {g.summary}" for g in waiting)
+    first = _failed_first(result.groups)
+    if first:
+        return first
     if len(ranks) > 1 and waiting and all(g.waits for g in with_ranks):
         return (f"every rank seen here waits in one collective ({waiting[0].summary}) or "
                 "timed out in it: a rank on another host hangs, or the transfer outlasted "
                 "the timeout (a slow or cut link)")
+    return None
+
+
+# What a rank records when its peer ended first: a consequence, not a cause.
+PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def is_consequence(error: str) -> bool:
+    """A recorded failure that another rank's failure or timeout explains."""
+    return any(words in error for words in PEER_ENDED + ("a collective waited longer",))
+
+
+def _failed_first(groups) -> Optional[str]:
+    """A rank on its way out whose record holds a failure of its own (not its peer's end,
+    not a timeout): it failed before the others timed out waiting for it."""
+    from .stacks import exiting
+
+    for group in groups:
+        if not exiting(group.summary):
+            continue
+        for member in group.members:
+            lines = ((member.process.record or {}).get("error") or "").splitlines()
+            if member.process.role == "rank" and lines and not is_consequence(lines[0]):
+                return (f"{member.process.label} (pid {member.process.pid}) failed first and "
+                        f"is exiting: {lines[0][:300]}")
     return None
 
 

@@ -24,6 +24,7 @@ from ..core.errors import EXIT_FAILURE, RunFailed
 from ..core.files import read_json
 from ..core.signals import restore
 from ..data.store import verify_checksums
+from ..diagnose.hang import PEER_ENDED
 from ..launch import records
 from .allocator import pin_malloc_thresholds
 from .config import RunConfig
@@ -192,10 +193,6 @@ def _raise_if_diverged(plan: RunPlan, started: float) -> None:
         return  # none written: the node failed before its report
     if isinstance(result, dict) and result.get("diverged"):
         raise Diverged(diverged_line(result))
-
-
-# What gloo says to a rank whose peer ended: the failure is the peer's, not its own.
-PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 
 
 def _failure_line(plan: RunPlan, failure) -> str:

@@ -102,14 +102,14 @@ def test_the_startup_check_does_nothing_without_a_process_group():
     assert check.passed_in_s is None
 
 
-def _rank(rank: int, frames, state="sleeping", program=True):
+def _rank(rank: int, frames, state="sleeping", program=True, record=None):
     """A rank's stack as py-spy reads it: ``frames`` innermost first, in a program's main
     module (``program``; else as at exit, atexit or finalisers running)."""
     from kosmoss.diagnose.runs import RunProcess
     from kosmoss.diagnose.stacks import Frame, ProcessStacks, Thread
 
     pid = 1000 + rank
-    process = RunProcess(pid, 0.0, "rank", rank, f"rank {rank}")
+    process = RunProcess(pid, 0.0, "rank", rank, f"rank {rank}", record)
     frames = list(frames) + ([("<module>", "trainup_cpu.py", 47)] if frames and program else [])
     stack = [Frame(name, path, line) for name, path, line in frames]
     return ProcessStacks(process, [Thread("MainThread", pid, stack)], state=state)
@@ -215,3 +215,15 @@ def test_a_rank_with_no_python_frame_left_is_not_taken_for_the_one_the_others_wa
     # Beside a rank that works on while the others wait, it changes nothing.
     assert _who(exiting, _rank(1, ALL_REDUCE), _rank(2, SLEEPS)).startswith(
         "rank 2 (pid 1002) is not in a collective")
+
+
+def test_an_exiting_rank_that_failed_on_its_own_is_named_first():
+    """An exiting rank is ignored as the odd one out unless its record holds a failure of
+    its own: then it failed before the others timed out waiting for it."""
+    crashed = _rank(1, [], record={"error": "ValueError: a NaN in the batch\nTraceback"})
+    said = _who(_rank(0, ALL_REDUCE), crashed)
+    assert said == "rank 1 (pid 1001) failed first and is exiting: ValueError: a NaN in the batch"
+    for consequence in (PEER_GONE, "RunFailed: a collective waited longer than 5 s"):
+        ended = _rank(1, [], record={"error": f"RuntimeError: {consequence}"})
+        assert _who(_rank(0, ALL_REDUCE), _rank(2, ALL_REDUCE), ended).startswith(
+            "every rank seen here waits in one collective")
