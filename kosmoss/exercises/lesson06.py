@@ -101,7 +101,12 @@ HOLDER = ("import socket, sys\n"
           "if kind == socket.SOCK_STREAM:\n"
           "    s.listen()\n"
           "if sys.argv[1] in ('client', 'hungup'):\n"  # a connection to that listener
-          "    c = socket.create_connection(s.getsockname())\n"
+          # Bound first, its port is its own: a connect() from anywhere else may share an
+          # ephemeral port with a socket of another destination (TIME_WAIT ones, owned by
+          # no process, listed first), and a wrong answer then passed on their None.
+          "    c = socket.socket()\n"
+          "    c.bind(('127.0.0.1', 0))\n"
+          "    c.connect(s.getsockname())\n"
           "    held = (s, s.accept())\n"
           "    s = c\n"
           "if sys.argv[1] == 'hungup':\n"  # the listener's end closes: ours is in CLOSE_WAIT
@@ -135,7 +140,7 @@ def holder_judge(namespace: dict) -> tuple:
     listeners = ("tcp", "tcp6") if _ipv6_loopback() else ("tcp",)
     for listener in listeners:  # tcp6: as torchrun's TCPStore listens on '::' where it can
         with holder(listener) as (pid, port):
-            got = _asked(mine, port, until=lambda answer: answer == pid)
+            got = mine(port)
             if got != pid or isinstance(got, bool):
                 over = " over IPv6 (::1)" if listener == "tcp6" else ""
                 stale = bool(over) and got is None and _misses_new_listeners(mine)
@@ -145,14 +150,14 @@ def holder_judge(namespace: dict) -> tuple:
                               f"port_holder({port}) returned {got!r}" + hint)
     for kind in ("udp", "client"):  # sockets on a port that are no TCP listener
         with holder(kind, port if kind == "udp" else 0) as (other_pid, other_port):
-            got = _asked(mine, other_port, until=lambda answer: answer is not None)
+            got = mine(other_port)
             if got is not None:
                 return failed(_not_a_listener(kind, pid, other_pid, other_port, got))
     with holder("hungup") as (other_pid, other_port):  # nor a connection in CLOSE_WAIT
-        got = _asked(mine, other_port, until=lambda answer: answer is not None)
+        got = mine(other_port)
         if got is not None:
             return failed(_not_a_listener("hungup", pid, other_pid, other_port, got))
-    after = _asked(mine, port, until=lambda answer: answer is not None)
+    after = mine(port)
     if after is not None:
         return failed(f"once pid {pid} and the holders after it have ended nobody holds port "
                       f"{port}, but your port_holder({port}) returned {after!r}"
@@ -160,21 +165,6 @@ def holder_judge(namespace: dict) -> tuple:
     return passed(f"found pid {pid} on TCP port {port}; nobody once it had ended, a UDP "
                   "socket on the same number and a connection's local port, established "
                   "and in CLOSE_WAIT, included")
-
-
-ASKS = 3  # a listing of the sockets is no snapshot: asked again, one it missed shows
-
-
-def _asked(mine, port: int, until) -> object:
-    """The answer for ``port``, asked again (up to ASKS times) until ``until`` holds. The
-    kernel hands /proc/net/tcp out a page at a time, not as one snapshot, so a listing
-    taken while other sockets come and go (hundreds of TIME_WAIT in a test run) can miss
-    one: once in a CI run a wrong answer missed the CLOSE_WAIT holder and passed."""
-    for _ in range(ASKS):
-        got = mine(port)
-        if until(got):
-            break
-    return got
 
 
 STALE = ("a list of connections kept from an earlier call is stale once processes start or "

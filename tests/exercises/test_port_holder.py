@@ -1,6 +1,10 @@
 """06.port_holder where IPv6's loopback is missing (some containers): the checker then
-starts IPv4 listeners only, and a stale answer is caught by the holders after them."""
+starts IPv4 listeners only, and a stale answer is caught by the holders after them; and
+the holders' connections keep their local ports to themselves."""
 from __future__ import annotations
+
+import os
+import shutil
 
 import pytest
 from test_fresh_wrong_answers import FRESH
@@ -42,3 +46,49 @@ def test_an_ipv4_only_answer_is_not_told_its_listing_is_stale():
     result = _judged(ipv4_only)
     assert result.status == WRONG and "not 'tcp4'" in result.message, result.line
     assert "stale" not in result.message, result.line
+
+
+PORT_SHARED = """
+import socket, subprocess, sys
+import psutil
+from kosmoss.exercises.lesson06 import holder
+
+away = socket.socket()  # a listener off the ephemeral range: the others connect to it
+away.bind(("127.0.0.1", 5000))
+away.listen()
+with holder("hungup") as (pid, port):
+    kept = []
+    for _ in range(3):  # each needs a local port of its own among the range's three
+        try:
+            kept.append(socket.create_connection(("127.0.0.1", 5000)))
+        except OSError:
+            break
+    print(sorted((c.status, c.pid == pid) for c in psutil.net_connections(kind="tcp")
+                 if c.laddr and c.laddr.port == port))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="a network namespace of its own needs root and iproute2")
+def test_the_holders_connection_keeps_its_port_to_itself():
+    """An outgoing connection may share its local port with others of other destinations:
+    in CI a wrong answer (status != ESTABLISHED) met a TIME_WAIT socket, owned by no process,
+    on the CLOSE_WAIT holder's port, and passed on its None. In a namespace of three
+    ephemeral ports, the holder's listener and connection take two, and connections to
+    elsewhere must not share the holder's."""
+    import subprocess
+    import sys
+
+    namespace = f"kosmoss-test-ports-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    try:
+        inside = ["ip", "netns", "exec", namespace]
+        subprocess.run(inside + ["ip", "link", "set", "lo", "up"], check=True)
+        subprocess.run(inside + ["sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40002"],
+                       check=True)
+        done = subprocess.run(inside + [sys.executable, "-c", PORT_SHARED], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "[('CLOSE_WAIT', True)]", done.stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", namespace], check=False)
