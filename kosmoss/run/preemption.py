@@ -4,7 +4,8 @@ Slurm sends SIGUSR1 ``--signal=SIGUSR1@90`` seconds before the time limit, and S
 on scancel or preemption. Lightning's own handlers save the checkpoint (or broadcast)
 *inside* the signal handler, while a peer may sit in an all-reduce: here that left a job
 neither requeued nor finished. So the handler only sets a flag, and the ranks agree on it
-in an all-reduce at the end of a step: all of them stop together at the same global step.
+in an all-reduce at the end of a step (or of a validation): all of them stop together at
+the same global step.
 
 An all-reduce every step is a per-step collective (a synchronisation of the ranks, ~0.1 ms
 on gloo, more on a busy host), so the ranks agree on it about once a second: the same
@@ -35,7 +36,8 @@ MAX_STEPS_BETWEEN_CHECKS = 1000
 class StopOnSignal(LeanCallback):
     """Stops every rank at one step on SIGUSR1 or SIGTERM, with ``preempted.ckpt``: inside
     an epoch, at once and with nothing a run never stopped would not do; on an epoch's last
-    batch, once the epoch has ended as in that run (its validation, its checkpoints)."""
+    batch or during its validation, once the epoch has ended as in that run (its validation,
+    its checkpoints)."""
 
     def __init__(self, checkpoint_dir: Path, *,
                  halted: Callable[[], bool] = lambda: False,
@@ -79,13 +81,29 @@ class StopOnSignal(LeanCallback):
             return
         if not signum or self.diverged_before_save():
             return
-        self.stopped_by = signal.Signals(signum).name
-        self.stopped_at_step = trainer.global_step
-        private.end_fit_here(trainer)
+        self._stop_here(trainer, signum)
         if private.on_last_batch(trainer):
             return  # every rank has as many batches: all of them save in on_train_end
         self.stopped_mid_epoch = True
         self._save(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        """A signal that came during the epoch's validation stops the fit at that epoch's
+        end, as one on its last batch would; left to the next step, it cost one more step
+        of Lightning's loop (K batches) of the time Slurm gives before its kill."""
+        if self.stopped_by or trainer.sanity_checking or trainer.state.fn != "fit" or \
+                self.halted() or _fit_ends_after_this_epoch(trainer):
+            return  # the same on every rank: a validation ends on all of them together
+        signum = self.received or 0
+        if trainer.world_size > 1:
+            signum = self._agree(trainer, pl_module.device)
+        if signum and not self.diverged_before_save():
+            self._stop_here(trainer, signum)
+
+    def _stop_here(self, trainer, signum: int) -> None:
+        self.stopped_by = signal.Signals(signum).name
+        self.stopped_at_step = trainer.global_step
+        private.end_fit_here(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.stopped_by and not self.stopped_mid_epoch and not self.diverged_before_save():
@@ -122,3 +140,10 @@ class StopOnSignal(LeanCallback):
         if self.stopped_by != "SIGUSR1" or not job:
             return None
         return job if subprocess.run(["scontrol", "requeue", job]).returncode == 0 else None
+
+
+def _fit_ends_after_this_epoch(trainer) -> bool:
+    """The epoch now ending is the fit's last (--max-epochs), or --max-steps is reached."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    return 0 <= max_steps <= trainer.global_step or \
+        max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1

@@ -60,9 +60,14 @@ def straight(tmp_path_factory, tiny, epoch):
     return _straight_runs(tmp_path_factory, tiny, epoch, "straight")
 
 
-def expected_stop(step: int, epoch: int, k: int, max_steps: int) -> int:
+def expected_stop(step: int, epoch: int, k: int, max_steps: int, where: str = "train",
+                  val_every: int = 1) -> int:
     """Where a signal that arrives while ``step`` trains stops the run: at the end of the
-    step of Lightning's loop that holds it (K batches, cut from the epoch's start)."""
+    step of Lightning's loop that holds it (K batches, cut from the epoch's start); one
+    that arrives during the first validation at or after ``step``: at that epoch's end."""
+    if where == "val":
+        every = val_every * epoch
+        return min(-(-step // every) * every, max_steps)
     start = step - step % epoch
     chunk_end = start + min(epoch, (step % epoch // k + 1) * k)
     return min(chunk_end, max_steps)
@@ -123,7 +128,7 @@ def test_a_stop_resumes_exactly(name, k, at, where, sig, tmp_path, monkeypatch, 
                                 straight):
     flags = _flags(tiny, epoch, k)
     step = at[0] * epoch + at[1]
-    expected = expected_stop(step, epoch, k, flags["max_steps"])
+    expected = expected_stop(step, epoch, k, flags["max_steps"], where)
     resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig, where),
                                expected)
     assert compare(resumed, straight[k]) is None, compare(resumed, straight[k])
@@ -375,6 +380,31 @@ def test_sigkill_resumes_exactly_from_the_newest_checkpoint(name, k, at, where, 
 
 
 @pytest.mark.slow
+def test_three_ranks_signalled_during_a_validation_stop_at_its_end_and_resume_exactly(tmp_path,
+                                                                                     tiny):
+    """The signal reaches rank 0 alone, during the validation after epoch 2: the ranks
+    agree on it as the validation ends and stop on that epoch's end, not a step later."""
+    ranks, batch = 3, 96
+    epoch = batches_per_epoch(tiny, batch, world_size=ranks)
+    args = ["--dataset", str(tiny), "--batch-size", str(batch), "--hidden", *map(str, HIDDEN),
+            "--num-processes", str(ranks), "--max-epochs", "100", "--max-steps", str(3 * epoch + 3)]
+    straight = run_script(tmp_path / "straight", args)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    home = tmp_path / "home"
+    stopped = run_script(home, args, SignalAt(epoch + 1, TERM, "val"))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    (run_dir,) = (home / "runs").iterdir()
+    result = Finished.of(run_dir).result
+    assert (result["stopped_by"], result["global_step"]) == ("SIGTERM", 2 * epoch), result
+    resumed = run_script(home, ["--resume", run_dir.name])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finished = Finished.of(run_dir)
+    assert finished.result["resumed_from_step"] == 2 * epoch
+    reference = Finished.of(next((tmp_path / "straight" / "runs").iterdir()))
+    assert compare(finished, reference) is None, compare(finished, reference)
+
+
+@pytest.mark.slow
 def test_a_killed_extension_of_a_finished_run_resumes_exactly(tmp_path, tiny, epoch, straight):
     """Finished at 2 epochs + 5 steps, trained further to the straight run's --max-steps,
     killed inside a chunk, resumed bare (its record has the new limit): no row twice."""
@@ -415,7 +445,7 @@ def test_a_stop_resumes_exactly_when_validations_skip_epochs(name, k, at, where,
                                                              straight_sparse):
     flags = dict(_flags(tiny, epoch, k), val_every_n_epochs=2)
     step = at[0] * epoch + at[1]
-    expected = expected_stop(step, epoch, k, flags["max_steps"])
+    expected = expected_stop(step, epoch, k, flags["max_steps"], where, val_every=2)
     resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags, SignalAt(step, sig, where),
                                expected)
     straight = straight_sparse[k]
