@@ -90,9 +90,11 @@ class StopOnSignal(LeanCallback):
     def on_validation_end(self, trainer, pl_module) -> None:
         """A signal that came during the epoch's validation stops the fit at that epoch's
         end, as one on its last batch would; left to the next step, it cost one more step
-        of Lightning's loop (K batches) of the time Slurm gives before its kill."""
+        of Lightning's loop (K batches) of the time Slurm gives before its kill, and after
+        the fit's last validation it went unheard: the test pass ran on, into Slurm's kill
+        where it outlasts the warning."""
         if self.stopped_by or trainer.sanity_checking or trainer.state.fn != "fit" or \
-                self.halted() or _fit_ends_after_this_epoch(trainer):
+                self.halted():
             return  # the same on every rank: a validation ends on all of them together
         signum = self.received or 0
         if trainer.world_size > 1:
@@ -141,9 +143,3 @@ class StopOnSignal(LeanCallback):
             return None
         return job if subprocess.run(["scontrol", "requeue", job]).returncode == 0 else None
 
-
-def _fit_ends_after_this_epoch(trainer) -> bool:
-    """The epoch now ending is the fit's last (--max-epochs), or --max-steps is reached."""
-    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
-    return 0 <= max_steps <= trainer.global_step or \
-        max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1

@@ -148,15 +148,18 @@ def straight_to_an_epochs_end(tmp_path_factory, tiny, epoch):
     return _straight_runs(tmp_path_factory, tiny, epoch, "straight-epoch-end", max_steps=5 * epoch)
 
 
-@pytest.mark.parametrize("k, sig", [(1, TERM), (8, USR1)])
+@pytest.mark.parametrize("k, sig, where", [(1, TERM, "train"), (8, USR1, "train"),
+                                           (1, USR1, "val"), (8, TERM, "val")])
 def test_a_stop_on_the_fits_last_step_at_an_epochs_end_resumes_exactly(
-        k, sig, tmp_path, monkeypatch, tiny, epoch, straight_to_an_epochs_end):
-    """The stop lands where the fit ends anyway: the resume trains nothing, and scores the
-    weights as the run never stopped did (a validation of a step validated already stays
-    one point of the curve and no row more). Once: a traceback, val_loss None."""
+        k, sig, where, tmp_path, monkeypatch, tiny, epoch, straight_to_an_epochs_end):
+    """The stop lands where the fit ends anyway (its last batch, or the validation after
+    it: the test pass is left to the resume, as from a signal during it): the resume trains
+    nothing, and scores the weights as the run never stopped did (a validation of a step
+    validated already stays one point of the curve and no row more). Once: a traceback,
+    val_loss None."""
     flags = dict(_flags(tiny, epoch, k), max_steps=5 * epoch)
     resumed = _stop_and_resume(tmp_path / "home", monkeypatch, flags,
-                               SignalAt(5 * epoch - 1, sig), 5 * epoch)
+                               SignalAt(5 * epoch - (where == "train"), sig, where), 5 * epoch)
     straight = straight_to_an_epochs_end[k]
     assert straight.result["val_curve"][-1]["step"] == 5 * epoch
     assert compare(resumed, straight) is None, compare(resumed, straight)
