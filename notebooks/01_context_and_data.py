@@ -364,7 +364,8 @@ print(f"device: {device}; buffers on {model.x_mean.device}; predicted fluxes {tu
 # `levels + 1` half levels and `levels - 1` interfaces), with the blocks of the
 # `3dcorrection` schema printed in this lesson. The checker compares with
 # `kosmoss.data.schema.ColumnSchema(levels)` for several level counts, the IFS's `137`
-# among them, and the smallest the schema allows, `2`. Counts are integers.
+# among them, the smallest the schema allows, `2`, and one drawn afresh each time. Counts
+# are integers.
 
 # %%
 # exercise: 01.feature_counts

@@ -284,8 +284,8 @@ from kosmoss.exercises import check; check("05.device_for", globals())
 # rank may use, when the ranks are spread as evenly as possible over the GPUs (the busiest
 # GPU sets the share). NCCL refuses two ranks on one GPU; gloo accepts CUDA tensors; with
 # no GPU, gloo and a fraction of `1.0`. The checker compares with
-# `kosmoss.devices.policy.sharing`, as many ranks as GPUs and ranks that do not divide
-# included.
+# `kosmoss.devices.policy.sharing`, as many ranks as GPUs, fewer, and ranks that do not
+# divide included.
 
 # %%
 # exercise: 05.memory_share

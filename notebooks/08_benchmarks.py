@@ -341,8 +341,8 @@ else:
 # keeps for the backward pass — here the input batch, the output of every layer (each
 # `Linear` and each activation) and the loss's targets (as large as the last output). The
 # checker measures a real step (tensor sizes, autograd's saved tensors, the optimizer's
-# state) on several models, a single `Linear` and a batch of one among them, and compares
-# exactly: bytes are counted, not estimated.
+# state) on several models, a single `Linear`, layers without a bias and a batch of one
+# among them, and compares exactly: bytes are counted, not estimated.
 
 # %%
 # exercise: 08.training_memory

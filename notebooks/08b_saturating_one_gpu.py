@@ -317,7 +317,8 @@ assert len(shown) >= 2
 # data needs none); a multiply-add is two FLOP, biases left out. Return
 # `(samples_per_s, bound)`: the samples/s of the slower of the two, and which one binds,
 # `"memory"` or `"compute"`. The checker tries the course's model on an H100, a model
-# wide enough to be bound by compute, and a device with little bandwidth.
+# wide enough to be bound by compute, a device with little bandwidth, and a model with no
+# hidden layer (`hidden` empty).
 
 # %%
 # exercise: 08b.sample_limit

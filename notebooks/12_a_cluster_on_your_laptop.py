@@ -284,8 +284,8 @@ from kosmoss.exercises import check; check("12.step_time", globals())
 # several do, as a routing table decides, and the first of them in `interfaces`' order when
 # their prefixes tie; `None` when none does. A master on this host (`127.0.0.1`) is reached
 # over the loopback. The checker tries hosts with several interfaces, overlapping networks,
-# equally specific ones, a master on no network, interfaces without address and IPv6
-# addresses beside the IPv4 ones.
+# equally specific ones, a master on no network, interfaces without address, IPv6
+# addresses beside the IPv4 ones and an IPv6 `master_addr`.
 # %%
 # exercise: 12.pick_interface
 import ipaddress

@@ -5,7 +5,10 @@ inputs without erasing tiny-valued features.
 """
 from __future__ import annotations
 
-from .core import Exercise, Mistake, failed, is_integer, learner, number_hint, passed
+import random
+
+from .core import (Exercise, LearnerRaised, Mistake, failed, is_integer, learner, number_hint,
+                   passed)
 from .tolerance import FLOAT32_UNIT, gamma
 
 # ---------------------------------------------------------------- 01.feature_counts
@@ -18,7 +21,8 @@ row and of one flattened target row for a column with `levels` full levels (so
 `levels + 1` half levels and `levels - 1` interfaces), with the blocks of the
 `3dcorrection` schema printed in this lesson. The checker compares with
 `kosmoss.data.schema.ColumnSchema(levels)` for several level counts, the IFS's `137`
-among them, and the smallest the schema allows, `2`. Counts are integers.
+among them, the smallest the schema allows, `2`, and one drawn afresh each time. Counts
+are integers.
 """
 
 COUNTS_SKELETON = '''
@@ -61,9 +65,20 @@ def feature_counts(levels):
     n_x = 17 + levels * 27 + (levels + 1) * 2 + (levels - 1) * 1.0
     return n_x, 4 * (levels + 1)
 ''', "a count is an integer"),
+    "a table of the level counts tried": Mistake('''
+def feature_counts(levels):
+    return {137: (4128, 552), 60: (1818, 244), 10: (318, 44), 2: (78, 12)}[levels]
+''', "a level count drawn afresh"),
 }
 
 LEVELS = (137, 60, 10, 2)
+
+
+def _judged_levels() -> tuple:
+    """LEVELS and one more level count drawn afresh each time: an answer that is a table of
+    the level counts it was tried with meets one it has not seen."""
+    unseen = [levels for levels in range(3, 300) if levels not in LEVELS]
+    return LEVELS + (random.SystemRandom().choice(unseen),)
 
 
 def _schema_counts(levels: int):
@@ -76,15 +91,21 @@ def _schema_counts(levels: int):
 def counts_judge(namespace: dict) -> tuple:
     mine = learner(namespace, "feature_counts")
     answers = {}
-    for levels in LEVELS:
-        got = mine(levels)
+    judged = _judged_levels()
+    for levels in judged:
+        try:
+            got = mine(levels)
+        except LearnerRaised as err:  # a table of level counts meets one it lacks
+            fresh = "" if levels in LEVELS else ", a level count drawn afresh"
+            raise LearnerRaised(f"for feature_counts({levels}){fresh}: {err}",
+                                err.original) from None
         try:
             n_x, n_y = got
         except (TypeError, ValueError):
             return failed(f"feature_counts({levels}) returned {got!r}: return a pair (n_x, n_y)")
         answers[levels] = (n_x, n_y)
     for which, name in enumerate(("n_x", "n_y")):
-        for levels in LEVELS:
+        for levels in judged:
             value, expected = answers[levels][which], _schema_counts(levels)[which]
             if not is_integer(value):
                 return failed(f"for {levels} levels your {name} is {value!r}: " + number_hint(
@@ -92,14 +113,14 @@ def counts_judge(namespace: dict) -> tuple:
             if value != expected:
                 return failed(f"for {levels} levels your {name} is {value}, the schema's is "
                               f"{expected}: " + _count_hint(name, which, answers))
-    return passed(f"n_x and n_y match the schema for {', '.join(map(str, LEVELS))} levels")
+    return passed(f"n_x and n_y match the schema for {', '.join(map(str, judged))} levels")
 
 
 def _count_hint(name: str, which: int, answers: dict) -> str:
     """Why a count is off, from how the learner's grows with the levels (a line a + b·L)."""
-    mine = {levels: int(answers[levels][which]) for levels in LEVELS}
-    ref = {levels: _schema_counts(levels)[which] for levels in LEVELS}
-    right = [levels for levels in LEVELS if mine[levels] == ref[levels]]
+    mine = {levels: int(answers[levels][which]) for levels in answers}
+    ref = {levels: _schema_counts(levels)[which] for levels in answers}
+    right = [levels for levels in answers if mine[levels] == ref[levels]]
     if len(set(mine.values())) == 1:
         where = f" (right for {right[0]} levels only)" if right else ""
         return f"yours does not change with the level count{where}: is a level count hard-coded?"

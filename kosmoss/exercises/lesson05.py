@@ -140,8 +140,8 @@ process-group backend (`"nccl"` or `"gloo"`) and the fraction of one GPU's memor
 rank may use, when the ranks are spread as evenly as possible over the GPUs (the busiest
 GPU sets the share). NCCL refuses two ranks on one GPU; gloo accepts CUDA tensors; with
 no GPU, gloo and a fraction of `1.0`. The checker compares with
-`kosmoss.devices.policy.sharing`, as many ranks as GPUs and ranks that do not divide
-included.
+`kosmoss.devices.policy.sharing`, as many ranks as GPUs, fewer, and ranks that do not
+divide included.
 """
 
 SHARE_SKELETON = """
@@ -210,8 +210,10 @@ def memory_share(ranks_on_host, gpus_on_host):
 """, "ZeroDivisionError"),
 }
 
+# (1, 4) and (3, 4): fewer ranks than GPUs, one that divides their count and one that
+# does not (NCCL either way).
 SHARE_CASES = ((2, 0), (1, 1), (2, 2), (4, 4), (2, 1), (3, 1), (4, 2), (3, 2), (5, 2), (7, 3),
-               (1, 4))
+               (1, 4), (3, 4), (2, 3))
 
 
 def share_judge(namespace: dict) -> tuple:

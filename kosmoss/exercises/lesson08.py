@@ -24,8 +24,8 @@ step counter, one number per tensor, is not counted) + activations, the tensors 
 keeps for the backward pass — here the input batch, the output of every layer (each
 `Linear` and each activation) and the loss's targets (as large as the last output). The
 checker measures a real step (tensor sizes, autograd's saved tensors, the optimizer's
-state) on several models, a single `Linear` and a batch of one among them, and compares
-exactly: bytes are counted, not estimated.
+state) on several models, a single `Linear`, layers without a bias and a batch of one
+among them, and compares exactly: bytes are counted, not estimated.
 """
 
 MEMORY_SKELETON = """
@@ -96,22 +96,28 @@ MEMORY_WRONG = {
         "4 * (4 * params + tensors + batch_size * width)"), "Adam's step counters"),
     "one Adam state": Mistake(_memory(_ALL, _WIDTH, "4 * (3 * params + batch_size * width)"),
                               "one of Adam's two states"),
+    "a bias assumed in every layer": Mistake(_memory(
+        "sum(m.in_features * m.out_features + m.out_features for m in model\n"
+        "                 if isinstance(m, nn.Linear))", _WIDTH,
+        "4 * (4 * params + batch_size * width)"), "these layers have none"),
 }
 
 MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3),
           ((300, 100, 100, 100, 552), 1))
 # An MLP that ends with an activation (fluxes are positive): read the layers, assume no shape.
 ENDING_IN_SILU = ((40, 64, 16), 8)
+# Layers without a bias (nn.Linear(..., bias=False)): count the parameters there are.
+WITHOUT_BIASES = ((40, 64, 16), 8)
 
 
-def build(sizes, seed: int = 0, last_activation: bool = False):
+def build(sizes, seed: int = 0, last_activation: bool = False, bias: bool = True):
     import torch
     from torch import nn
 
     torch.manual_seed(seed)
     layers = []
     for size_in, size_out in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(size_in, size_out), nn.SiLU()]
+        layers += [nn.Linear(size_in, size_out, bias=bias), nn.SiLU()]
     return nn.Sequential(*(layers if last_activation else layers[:-1]))
 
 
@@ -120,8 +126,11 @@ def _judged_models():
     cases = [(" -> ".join(map(str, sizes)), functools.partial(build, sizes), batch)
              for sizes, batch in MODELS]
     sizes, batch = ENDING_IN_SILU
-    return cases + [(" -> ".join(map(str, sizes)) + " -> SiLU",
-                     functools.partial(build, sizes, last_activation=True), batch)]
+    cases.append((" -> ".join(map(str, sizes)) + " -> SiLU",
+                  functools.partial(build, sizes, last_activation=True), batch))
+    sizes, batch = WITHOUT_BIASES
+    return cases + [(" -> ".join(map(str, sizes)) + " without biases",
+                     functools.partial(build, sizes, bias=False), batch)]
 
 
 def measure(model, batch_size: int) -> Dict[str, int]:
@@ -206,7 +215,7 @@ def _named_parts(model, batch: int) -> Dict[str, int]:
 
     linears = [m for m in model if isinstance(m, nn.Linear)]
     params = sum(p.numel() for p in model.parameters())
-    biases = sum(m.bias.numel() for m in linears)
+    biases = sum(m.bias.numel() for m in linears if m.bias is not None)
     hidden = sum(m.out_features for m in linears[:-1])
     return {"Adam's step counters (one number per parameter tensor, which the statement "
             "leaves out)": 4 * len(list(model.parameters())),
@@ -238,6 +247,12 @@ def _missing(got: float, measured: int, model, batch: int) -> str:
     if not isinstance(last, nn.Linear) and gap == 4 * batch * _out_features(model):
         return (": short by the output of the last layer, an activation: autograd keeps it "
                 "too — count the outputs of the layers there are, not those of an assumed shape")
+    assumed = sum(16 * m.out_features for m in model
+                  if isinstance(m, nn.Linear) and m.bias is None)
+    if assumed and -gap == assumed:
+        return (": over it by a bias for every layer, and these layers have none "
+                "(nn.Linear(..., bias=False)) — count the parameters there are "
+                "(model.parameters())")
     names = [name for name, value in _named_parts(model, batch).items() if abs(gap) == value]
     if names:
         same = " (the same size here)" if len(names) > 1 else ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .core import Exercise, Mistake, failed, learner, number, passed, show
+from .core import Exercise, LearnerRaised, Mistake, failed, learner, number, passed, show
 
 NOTEBOOK_GLOB = "08b_*"
 
@@ -23,7 +23,8 @@ backward every weight's gradient and every layer's input gradient except the fir
 data needs none); a multiply-add is two FLOP, biases left out. Return
 `(samples_per_s, bound)`: the samples/s of the slower of the two, and which one binds,
 `"memory"` or `"compute"`. The checker tries the course's model on an H100, a model
-wide enough to be bound by compute, and a device with little bandwidth.
+wide enough to be bound by compute, a device with little bandwidth, and a model with no
+hidden layer (`hidden` empty).
 """
 
 LIMIT_SKELETON = '''
@@ -85,12 +86,15 @@ LIMIT_WRONG = {
 
 # (n_x, hidden, n_y, bandwidth, peak_flops): the course's model on an H100 (memory-bound),
 # wide models (compute-bound; the second narrow at the ends, so that which layer's input
-# needs no gradient shows), a narrow one on a device with little bandwidth.
+# needs no gradient shows), a narrow one on a device with little bandwidth, and a model
+# with no hidden layer (one Linear: its only layer's input needs no gradient) on a device
+# of little compute.
 LIMIT_CASES = ((4128, [100, 100, 100], 552, 3.35e12, 989e12),
                (1024, [8192, 8192], 1024, 3.35e12, 989e12),
                (256, [4096, 4096], 16, 3.35e12, 989e12),
                (256, [64], 16, 50e9, 10e12),
-               (4128, [100, 100, 100], 552, 4.8e12, 989e12))
+               (4128, [100, 100, 100], 552, 4.8e12, 989e12),
+               (4096, [], 4096, 3.35e12, 1e12))
 EXACT = 1e-12  # plain float arithmetic: the same expression gives the same number
 
 
@@ -106,9 +110,12 @@ def limit_judge(namespace: dict) -> tuple:
         n_x, hidden, n_y, bandwidth, peak = case
         right_rate, right_bound = _right(*case)
         given = list(hidden)
-        got = mine(n_x, given, n_y, bandwidth, peak)
         where = (f"{n_x} inputs, hidden {list(hidden)}, {n_y} outputs, {bandwidth:.3g} B/s, "
                  f"{peak:.3g} FLOP/s")
+        try:
+            got = mine(n_x, given, n_y, bandwidth, peak)
+        except LearnerRaised as err:  # an empty `hidden` has no hidden[0]
+            raise LearnerRaised(f"for {where}: {err}", err.original) from None
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             return failed(f"{where}: return (samples_per_s, bound), not {show(got)}")
         rate, bound = number(got[0]), got[1]

@@ -7,6 +7,7 @@ heartbeats, as ``kosmoss watch`` does.
 from __future__ import annotations
 
 import itertools
+import statistics
 from typing import List
 
 from .core import (TENSOR_HINT, Exercise, LearnerRaised, Mistake, failed, is_tensor, learner,
@@ -325,6 +326,12 @@ STRAGGLER_CASES = (
     # above that of the ranks but the slowest (6 ms)
     ((20.0, 4.0, 8.0, 4.0, 30.0), (12.0, 27.0, 23.0, 27.0, 1.0)),
     ((45.0,), (0.0,)),  # a world of one: nobody to hold back
+    # three slow alike and one fast: each slow rank's others hold two as slow as itself (a
+    # rank's others are the other positions, equal values included): nobody
+    ((3.0, 10.0, 10.0, 10.0), (7.0, 0.5, 0.5, 0.5)),
+    # the straggler does not wait least here (a window's waits are noisy): the rule reads
+    # own work alone
+    ((3.0, 3.1, 12.0, 3.0), (0.5, 0.4, 0.5, 0.6)),
 )
 
 
@@ -378,7 +385,19 @@ TYPICAL_MISTAKES = (
      "(statistics.median), not the lower one"),
     (min, " — compare with the median of the other ranks, not the fastest of them: one fast "
           "rank would make every other one a straggler"),
+    (lambda others: statistics.mean(others),
+     " — the median, not the mean — one very slow rank moves a mean"),
 )
+
+
+def _others_by_value(busy) -> List[int]:
+    """The rule with a rank's others taken as the values unequal to its own."""
+    flagged = []
+    for mine in busy:
+        others = [b for b in busy if b != mine]
+        typical = statistics.median(others) if others else mine
+        flagged.append(mine > typical * 1.3 and mine - typical >= 2)
+    return [rank for rank, slow in enumerate(flagged) if slow]
 
 
 def _flagged(busy, typical) -> List[int]:
@@ -399,6 +418,9 @@ def _straggler_hint(got, expected, busy, wait) -> str:
     if got and all(wait[r] == max(wait) for r in got):
         return (" — the rank that waits longest is the fast one: it waits in the all-reduce "
                 "for the straggler; look at each rank's own work")
+    if got == _others_by_value(busy):
+        return (" — a rank's others are the other positions of the list (drop its index, not "
+                "its value): ranks as slow as it count among them")
     if len(busy) > 2 and got == _flagged(busy, lambda others: statistics.median(
             sorted(busy)[:-1])):
         return (" — each rank's yardstick is the median of all the *other* ranks, the slowest "
@@ -424,6 +446,10 @@ def _straggler_hint(got, expected, busy, wait) -> str:
                 mine > typical * 1.3) or mine - statistics.median(busy) < 2 <= mine - typical:
             return (f" — compare rank {rank} with the median of the *other* ranks: its own "
                     "time pulls a median of every rank towards it")
+        if rank in expected:
+            return (f" — rank {rank} works {mine:g} ms per step, more than 30 percent and 2 ms "
+                    f"above the median of the others ({typical:g} ms): a straggler by the "
+                    "rule, whatever the waits say")
         if statistics.mean(others) != typical:
             return f" — rank {rank}: the median, not the mean — one very slow rank moves a mean"
     steps = [b + w for b, w in zip(busy, wait)]

@@ -132,8 +132,8 @@ interface whose network holds `master_addr`, the most specific one (longest pref
 several do, as a routing table decides, and the first of them in `interfaces`' order when
 their prefixes tie; `None` when none does. A master on this host (`127.0.0.1`) is reached
 over the loopback. The checker tries hosts with several interfaces, overlapping networks,
-equally specific ones, a master on no network, interfaces without address and IPv6
-addresses beside the IPv4 ones.
+equally specific ones, a master on no network, interfaces without address, IPv6
+addresses beside the IPv4 ones and an IPv6 `master_addr`.
 """
 
 PICK_SKELETON = '''
@@ -251,6 +251,8 @@ PICK_CASES = (
     # or last by name
     ({"lo": ["127.0.0.1/8"], "eth1": ["10.5.0.2/24"], "eth0": ["10.5.0.3/24"],
       "ib1": ["10.5.0.4/24"], "ib0": ["10.5.0.5/24"]}, "10.5.0.1"),
+    # an IPv6 MASTER_ADDR (torch takes one): the IPv6 networks decide, as the IPv4 ones do
+    ({"lo": ["127.0.0.1/8", "::1/128"], "eth0": ["10.5.0.2/16", "fd00:5::2/64"]}, "fd00:5::1"),
 )
 
 

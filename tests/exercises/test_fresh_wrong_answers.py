@@ -1404,6 +1404,83 @@ def training_memory(model, batch_size):
     A = x.numel() * 4 + sum(o.numel() * 4 for o in outs) + y.numel() * 4
     return P + G + S + A
 ''', "changed the caller's model"),
+    # Found by trying the checkers with wrong answers their authors had not listed: each
+    # passed until the case that tells it from the right answer was added.
+    ("05.memory_share", "NCCL only when the ranks divide the GPUs", '''
+import math
+
+
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    backend = "nccl" if gpus_on_host % ranks_on_host == 0 else "gloo"
+    return backend, 1.0 / math.ceil(ranks_on_host / gpus_on_host)
+''', "3 rank(s) on 4 GPU(s)", "kosmoss uses 'nccl'"),
+    ("05.memory_share", "NCCL for one rank or one per GPU", '''
+import math
+
+
+def memory_share(ranks_on_host, gpus_on_host):
+    if gpus_on_host == 0:
+        return "gloo", 1.0
+    backend = "nccl" if ranks_on_host in (1, gpus_on_host) else "gloo"
+    return backend, 1.0 / math.ceil(ranks_on_host / gpus_on_host)
+''', "kosmoss uses 'nccl'"),
+    ("08b.sample_limit", "the first and last hidden layers indexed", '''
+def sample_limit(n_x, hidden, n_y, bandwidth, peak_flops):
+    macs = n_x * hidden[0] + sum(a * b for a, b in zip(hidden, hidden[1:])) + hidden[-1] * n_y
+    forward = 2 * macs
+    backward = 2 * forward - 2 * n_x * hidden[0]
+    by_memory = bandwidth / (4 * (n_x + n_y))
+    by_compute = peak_flops / (forward + backward)
+    return (by_memory, "memory") if by_memory <= by_compute else (by_compute, "compute")
+''', "hidden []", "IndexError"),
+    ("10.stragglers", "a rank's others taken by value", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    slow = []
+    for rank, mine in enumerate(busy_ms):
+        others = [b for b in busy_ms if b != mine]
+        if not others:
+            continue
+        typical = statistics.median(others)
+        if mine > typical * 1.3 and mine - typical >= 2:
+            slow.append(rank)
+    return slow
+''', "drop its index, not its value"),
+    ("10.stragglers", "a straggler must also wait least", '''
+import statistics
+
+
+def stragglers(busy_ms, wait_ms):
+    if len(busy_ms) < 2:
+        return []
+    slow = []
+    for r, mine in enumerate(busy_ms):
+        others = statistics.median(busy_ms[:r] + busy_ms[r + 1:])
+        waits = statistics.median(wait_ms[:r] + wait_ms[r + 1:])
+        if mine > others * 1.3 and mine - others >= 2 and wait_ms[r] < waits:
+            slow.append(r)
+    return slow
+''', "whatever the waits say"),
+    ("12.pick_interface", "IPv4 only", '''
+import ipaddress
+
+
+def pick_interface(interfaces, master_addr):
+    target = ipaddress.IPv4Address(master_addr)
+    best, best_prefix = None, -1
+    for name, addresses in interfaces.items():
+        for address in addresses:
+            if ":" in address:
+                continue
+            network = ipaddress.IPv4Interface(address).network
+            if target in network and network.prefixlen > best_prefix:
+                best, best_prefix = name, network.prefixlen
+    return best
+''', "AddressValueError"),
 ]
 
 FRESH_DISTRIBUTED = [

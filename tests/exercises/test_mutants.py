@@ -28,8 +28,8 @@ from kosmoss.exercises.judging import judge_checked, verdict
 
 # (exercise, what the mutant weakens, the checker's source, the mutant's)
 MUTANTS = [
-    ("01.feature_counts", "one level count only",
-     "LEVELS = (137, 60, 10, 2)", "LEVELS = (137,)"),
+    ("01.feature_counts", "no level count drawn afresh",
+     "    return LEVELS + (random.SystemRandom().choice(unseen),)", "    return LEVELS"),
     ("01.feature_counts", "any number is a count",
      "            if not is_integer(value):", "            if False:"),
     ("01.normalise", "no column constant to float32 (exact constants instead)",
@@ -121,9 +121,13 @@ MUTANTS = [
      "MODELS = (((300, 100, 100, 100, 552), 64), ((40, 64, 16), 200), ((10, 4), 3),\n"
      "          ((300, 100, 100, 100, 552), 1))\n"
      "# An MLP that ends with an activation (fluxes are positive): read the layers, assume no "
-     "shape.\nENDING_IN_SILU = ((40, 64, 16), 8)",
+     "shape.\nENDING_IN_SILU = ((40, 64, 16), 8)\n# Layers without a bias (nn.Linear(..., "
+     "bias=False)): count the parameters there are.\nWITHOUT_BIASES = ((40, 64, 16), 8)",
      "MODELS = (((300, 100, 100, 100, 552), 1), ((40, 64, 16), 1), ((10, 4), 1))\n"
-     "ENDING_IN_SILU = ((40, 64, 16), 1)"),
+     "ENDING_IN_SILU = ((40, 64, 16), 1)\nWITHOUT_BIASES = ((40, 64, 16), 1)"),
+    ("08.training_memory", "every layer with a bias",
+     "                     functools.partial(build, sizes, bias=False), batch)]",
+     "                     functools.partial(build, sizes), batch)]"),
     ("08b.sample_limit", "no compute-bound case",
      "               (1024, [8192, 8192], 1024, 3.35e12, 989e12),\n"
      "               (256, [4096, 4096], 16, 3.35e12, 989e12),\n", ""),
