@@ -12,6 +12,7 @@ from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..core.output import ReaderMayLeave
 from ..devices.memory import peak_host_rss_mib
 from ..devices.policy import Sharing, apply_sharing, to_numpy
 from . import lightning_private as private
@@ -89,7 +90,13 @@ class LogsWithCheckpoints(LeanCallback):
 
 class BatchesProgressBar(RichProgressBar):
     """Lightning's RichProgressBar, counting the epoch's batches (optimizer steps) where a step
-    of its loop holds K of them (kosmoss.run.chunks): "26/26, 180 it/s", not "4/4, 23 it/s"."""
+    of its loop holds K of them (kosmoss.run.chunks): "26/26, 180 it/s", not "4/4, 23 it/s".
+    Its console writes to standard output through ReaderMayLeave: a reader gone mid-fit
+    leaves the bar silent, not the fit ended."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs["console_kwargs"] = {"file": ReaderMayLeave(), **kwargs.get("console_kwargs", {})}
+        super().__init__(**kwargs)
 
     @property
     def total_train_batches(self):

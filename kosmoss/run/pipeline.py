@@ -9,7 +9,9 @@ step with a checkpoint (kosmoss.run.preemption) and the exit code is 0.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -20,8 +22,9 @@ from pytorch_lightning.utilities import rank_zero_only
 from rich.console import Console
 
 from .. import launch
-from ..core.errors import EXIT_FAILURE, RunFailed
+from ..core.errors import EXIT_FAILURE, RunFailed, UsageError
 from ..core.files import read_json
+from ..core.output import silence_stdout
 from ..core.signals import restore
 from ..data.store import verify_checksums
 from ..diagnose.hang import PEER_ENDED
@@ -41,7 +44,36 @@ START_UP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 def say(message: str) -> None:
     """Print once per run: from global zero only (Lightning's rank-zero rule)."""
     if rank_zero_only.rank == 0:
-        Console(highlight=False, soft_wrap=True).print(message, markup=False)
+        _RunConsole(highlight=False, soft_wrap=True).print(message, markup=False)
+
+
+class _RunConsole(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's own exits 1 (SystemExit): a run that trained and stopped cleanly, whose
+        # launcher had gone, was recorded failed. The caller decides (_Lines).
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+class _Lines:
+    """A run's lines, to ``echo``. Standard output that cannot take them before the run
+    starts (``> /dev/full``, ``| head -3``) is bad input: one line, exit 2, nothing run.
+    Once the run is under way, a reader that goes away (its launcher ended, a pipe's
+    reader left) leaves the run to end as it would, recorded so: its lines go nowhere."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo, self.started, self.lost = echo, False, False
+
+    def __call__(self, line: str) -> None:
+        if self.lost:
+            return
+        try:
+            self.echo(line)
+        except OSError as err:
+            silence_stdout()
+            if not self.started:
+                raise UsageError(f"standard output cannot be written ({err.strerror}): send "
+                                 "it to a terminal or a file that takes it") from None
+            self.lost = True
 
 
 def run_from_command_line(prog: str, config: RunConfig) -> None:
@@ -68,12 +100,14 @@ def run(config: RunConfig, *, echo: Callable[[str], None] = say) -> dict:
     written (only a missing preset dataset is prepared)."""
     launch.die_with_spawner()  # a local rank whose starter died leaves at once
     pin_malloc_thresholds()  # batch-sized buffers are reused, not faulted in every step
+    echo = _Lines(echo)
     with signals_stop_the_run():
         plan = prepare(config, log=echo)
         rank_zero_only.rank = plan.topology.global_rank  # Lightning sets the same, later
         if plan.topology.launcher is not launch.Launcher.SIMULATED_NODE:
             for line in plan.describe():  # the node processes' parent already said it all
                 echo(line)
+        echo.started = True
         if plan.is_global_zero:  # the last input check: from here on, things are written
             verify_checksums(plan.dataset, trust_unchanged=True)  # records in it what matched
         if plan.launches_nodes:
