@@ -12,6 +12,7 @@ from typing import Callable, Iterator, List, Mapping, Optional
 
 from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, Interrupted, RunFailed,
                      UsageError, name_too_long)
+from .output import failed_on_stdout, silence_stdout, watched_stdout
 from .signals import restore
 
 
@@ -51,8 +52,10 @@ def run_command(prog: str, command: Callable[[], object],
     """Bad input -> one line on stderr and exit 2, a configuration field named by its flag
     (``flag_names``); a failure during the run -> one line, exit 1. The ranks an external
     launcher started all find the same bad input: the first rank of each node says it."""
+    out = None
     try:
-        command()
+        with watched_stdout() as out:
+            command()
     except ConfigError as err:
         _say(f"{prog}: error: {err.in_terms_of(flag_names or {})}")
         return EXIT_USAGE
@@ -63,6 +66,11 @@ def run_command(prog: str, command: Callable[[], object],
         print(f"{prog}: failed: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except OSError as err:  # a name too long, wherever a command first looks it up
+        if failed_on_stdout(err, out):  # `kosmoss env > /dev/full`: the user's output
+            silence_stdout()
+            _say(f"{prog}: error: standard output cannot be written ({err.strerror}): send "
+                 "it to a terminal or a file that takes it")
+            return EXIT_USAGE
         too_long = name_too_long(err)
         if too_long is None:
             raise

@@ -3,8 +3,10 @@
 ends as it would, recorded so; its lines go to /dev/null from then on."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import Iterator, Optional
 
 
 def silence_stdout() -> None:
@@ -54,3 +56,44 @@ class ReaderMayLeave:
     @property
     def encoding(self) -> str:
         return getattr(sys.stdout, "encoding", "utf-8")
+
+
+class _Watched:
+    """sys.stdout as it was, remembering the error its last failed write or flush raised."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.failure = stream, None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as err:
+            self.failure = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as err:
+            self.failure = err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def watched_stdout() -> Iterator[_Watched]:
+    """sys.stdout, watched while a command runs: an OSError that is its own failure
+    (``> /dev/full``) can be told from one of a file the command reads or writes."""
+    watched = _Watched(sys.stdout)
+    sys.stdout = watched
+    try:
+        yield watched
+    finally:
+        if sys.stdout is watched:
+            sys.stdout = watched.stream
+
+
+def failed_on_stdout(err: BaseException, watched: Optional[_Watched]) -> bool:
+    return watched is not None and watched.failure is not None and watched.failure is err

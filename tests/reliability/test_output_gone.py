@@ -71,3 +71,18 @@ def test_a_run_whose_reader_leaves_ends_as_it_would(processes, stop, shared_home
         assert (launcher.returncode, run["state"], result["global_step"]) == \
             (0, "finished", 1500), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("command", [["env"], ["ghosts"], ["check", "--list"], ["data", "info"],
+                                     ["hosts", "status"]])
+def test_any_command_whose_output_cannot_be_written_says_so_in_one_line(command, tmp_path):
+    """Every command's output goes through sys.stdout; its failure is told from that of a
+    file the command reads (which stays the command's own error)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "kosmoss", *command], cwd=REPO,
+                              env=_env(tmp_path / "home"), stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        f"kosmoss {command[0]}: error: standard output cannot be written (No space left on "
+        "device): send it to a terminal or a file that takes it"]
