@@ -797,9 +797,10 @@ from kosmoss.exercises import check; check("11.accumulate", globals())
 # this spreads the bytes); a rank keeps the momentum buffers of its own
 # parameters only (in `state`, a dict you fill, kept between calls), updates only those,
 # and then every parameter is broadcast from the rank that owns it, so that all ranks end
-# with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes and
-# compares with `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and
-# measures what each rank keeps in `state`.
+# with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes, `lr`
+# changing between them as a scheduler's does, and compares with
+# `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and measures what
+# each rank keeps in `state`.
 
 # %%
 # exercise: 11.zero1_step
@@ -827,7 +828,8 @@ from kosmoss.exercises import check; check("11.zero1_step", globals())
 # `dist.all_reduce` — the one all-reduce of the layer pair's forward. The checker runs your
 # cell at 2, 3 and 4 gloo processes, on inputs whose features do not divide by the world
 # size, a slice that is empty and a batch of one column, compares with the single-process
-# layer to float32 rounding, and counts your collectives.
+# layer to float32 rounding, counts your collectives, and checks that the tensors it gave
+# come back unchanged.
 
 # %%
 # exercise: 11.row_parallel

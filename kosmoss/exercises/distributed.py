@@ -391,13 +391,21 @@ def _run_task(task: Task, index: int, rank: int, store, collective_s: float) -> 
     return outcome
 
 
+def ranks_per_node(world_size: int) -> int:
+    """The ranks a node holds in the checkers' worlds: two nodes where the ranks split
+    evenly (2 ranks: 2 nodes x 1; 4 ranks: 2 nodes x 2), one node of 3, so that an answer
+    that reads LOCAL_RANK or LOCAL_WORLD_SIZE where the global ones are meant is wrong."""
+    return world_size // 2 if world_size % 2 == 0 else world_size
+
+
 @contextlib.contextmanager
 def _torchrun_variables(rank: int, world_size: int):
-    """The variables torchrun sets for a rank of one node, for this task only: an answer
-    that reads ``os.environ["WORLD_SIZE"]``, as code under torchrun or Lightning may, finds
-    what ``dist.get_world_size()`` says."""
-    names = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size,
-             "LOCAL_WORLD_SIZE": world_size}
+    """The variables torchrun sets for a rank, for this task only: an answer that reads
+    ``os.environ["WORLD_SIZE"]``, as code under torchrun or Lightning may, finds what
+    ``dist.get_world_size()`` says."""
+    per_node = ranks_per_node(world_size)
+    names = {"RANK": rank, "LOCAL_RANK": rank % per_node, "WORLD_SIZE": world_size,
+             "LOCAL_WORLD_SIZE": per_node}
     before = {name: os.environ.get(name) for name in names}
     os.environ.update({name: str(value) for name, value in names.items()})
     try:

@@ -159,13 +159,15 @@ def average_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
     mse_loss(mine(x), y).backward()
     local = _gradients(mine)
     holders = [p.grad for p in mine.parameters()]  # what DDP's buckets, or a hook, hold
+    storages = [p.grad.data_ptr() for p in mine.parameters()]  # `.grad.data = ...` moves it
     learner(namespace, "average_gradients")(mine)
     return {"names": [name for name, _ in model.named_parameters()], "mine": _gradients(mine),
             "ddp": expected, "local": local,
             "moved": any(bool((a != b).any()) for a, b in zip(_parameters(mine),
                                                                _parameters(model))),
-            "replaced": [name for (name, p), held in zip(mine.named_parameters(), holders)
-                         if p.grad is not held]}
+            "replaced": [name for (name, p), held, storage in zip(mine.named_parameters(),
+                                                                  holders, storages)
+                         if p.grad is not held or p.grad.data_ptr() != storage]}
 
 
 def average_tolerance(locals_: List, index: int):
@@ -200,8 +202,9 @@ def average_judge(ranks: List[dict]) -> tuple:
                               + _why(mine.double(), exact, result, index, n, ranks))
     replaced = next((r["replaced"] for r in ranks if r.get("replaced")), None)
     if replaced:
-        return failed(f"the right averages, but {_layer(replaced[0])}'s .grad is a new tensor, "
-                      "not the one backward filled: average it in place (all_reduce on p.grad, "
+        return failed(f"the right averages, but {_layer(replaced[0])}'s .grad is a new tensor "
+                      "(or new memory behind the old one: `.grad.data = ...`), not the one "
+                      "backward filled: average it in place (all_reduce on p.grad, "
                       "then p.grad /= world size, or p.grad.copy_(...)) — whatever holds the "
                       "gradient tensor (DDP's buckets, a hook) would keep the unaveraged one")
     return passed(f"your averaged gradients equal DDP's on every layer of all {n} ranks, to "

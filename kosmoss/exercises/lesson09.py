@@ -225,11 +225,13 @@ def ring_rank_task(namespace: dict, rank: int, world_size: int) -> list:
     for shape in RING_SHAPES:
         given = _inputs(rank, shape)
         mine = given.clone()
+        storage = mine.data_ptr()  # `tensor.data = ...` swaps it: a view taken before misses
         with _watched() as seen:
             ring(mine)
         results.append({"shape": shape, "given": given, "got": mine, "sent": seen["sent"],
                         "to": seen["to"], "from": seen["from"],
-                        "collectives": seen["collectives"]})
+                        "collectives": seen["collectives"],
+                        "moved": mine.data_ptr() != storage})
     return results
 
 
@@ -263,6 +265,11 @@ def _wrong_call(case: dict):
     if case["collectives"]:
         return (f"your ring called dist.{case['collectives'][0]}: write it with send/recv "
                 "only (that is what the collective does inside)")
+    if case.get("moved"):
+        return (f"shape {tuple(case['shape'])}: the tensor given now holds new memory "
+                "(`tensor.data = ...`): a view of it taken before (DDP's buckets are views) "
+                "still holds the rank's own values — reduce into the tensor in place "
+                "(tensor.copy_(...), or work on its chunks)")
     return None
 
 

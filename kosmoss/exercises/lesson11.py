@@ -272,9 +272,10 @@ belongs to rank `i % world_size` (`params` come sorted by size, largest first, s
 this spreads the bytes); a rank keeps the momentum buffers of its own
 parameters only (in `state`, a dict you fill, kept between calls), updates only those,
 and then every parameter is broadcast from the rank that owns it, so that all ranks end
-with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes and
-compares with `torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and
-measures what each rank keeps in `state`.
+with the same weights. The checker runs three steps at 2, 3 and 4 gloo processes, `lr`
+changing between them as a scheduler's does, and compares with
+`torch.optim.SGD(momentum=0.9)` on one process to float32 rounding, and measures what
+each rank keeps in `state`.
 """
 
 ZERO_SKELETON = """
@@ -364,6 +365,9 @@ def zero1_step(params, state, lr):
 }
 
 ZERO_STEPS = 3
+# A rate that changes between steps, as a scheduler's does: a rate folded into the momentum
+# buffer (buf = 0.9 * buf + lr * grad; param -= buf) is right only while it stays the same.
+ZERO_LRS = (LR, LR / 2, LR / 4)
 
 
 def _zero_model():
@@ -408,7 +412,8 @@ def _flat(model):
 
 
 def sgd_trajectory(dtype: str, momentum: float = MOMENTUM) -> list:
-    """torch's SGD on one process: the weights after each step ("float64": the reference)."""
+    """torch's SGD on one process, at the rates of ZERO_LRS: the weights after each step
+    ("float64": the reference)."""
     import torch
 
     model = _zero_model().to(getattr(torch, dtype))
@@ -416,8 +421,27 @@ def sgd_trajectory(dtype: str, momentum: float = MOMENTUM) -> list:
     weights = []
     for index in range(ZERO_STEPS):
         _set_gradients(model, index)
+        for group in optimizer.param_groups:
+            group["lr"] = ZERO_LRS[index]
         optimizer.step()
         weights.append(_flat(model))
+    return weights
+
+
+def folded_trajectory() -> list:
+    """The weights of a rate folded into the buffer: buf = 0.9 * buf + lr * grad; p -= buf."""
+    import torch
+
+    model = _zero_model().double()
+    buffers = [torch.zeros_like(p) for p in model.parameters()]
+    weights = []
+    with torch.no_grad():
+        for index in range(ZERO_STEPS):
+            _set_gradients(model, index)
+            for param, buf in zip(model.parameters(), buffers):
+                buf.mul_(MOMENTUM).add_(param.grad, alpha=ZERO_LRS[index])
+                param.sub_(buf)
+            weights.append(_flat(model))
     return weights
 
 
@@ -441,7 +465,7 @@ def zero_rank_task(namespace: dict, rank: int, world_size: int) -> dict:
         for index in range(ZERO_STEPS):
             _set_gradients(model, index)
             phase[0] = f"step {index}"
-            step(params, state, LR)
+            step(params, state, ZERO_LRS[index])
             phase[0] = "returned"
             weights.append(_flat(model))
     kept = {i: _tensor_elements(value) for i, value in state.items()} if isinstance(
@@ -519,6 +543,11 @@ def _zero_why(result: dict, step: int, n: int) -> str:
     if float((result["weights"][step] - plain[step]).abs().max()) < 1e-6:
         return (": they follow SGD without momentum — the momentum buffers must be kept "
                 "between calls, in state")
+    if float((result["weights"][step] - folded_trajectory()[step]).abs().max()) < 1e-6:
+        return (f": the rate went into the buffer (buf = 0.9 * buf + lr * grad) — here lr "
+                f"changes from step to step ({', '.join(f'{lr:g}' for lr in ZERO_LRS)}, as a "
+                "scheduler's does), and a buffer keeps the old rates: buf = 0.9 * buf + grad, "
+                "then param -= lr * buf")
     start = _flat(_zero_model())
     exact = sgd_trajectory("float64")[step]
     stuck = _stuck_parameters(result, start, exact)
@@ -563,7 +592,8 @@ output `h Wᵀ + b` (shape `(batch, out)`), the same on every rank, with one
 `dist.all_reduce` — the one all-reduce of the layer pair's forward. The checker runs your
 cell at 2, 3 and 4 gloo processes, on inputs whose features do not divide by the world
 size, a slice that is empty and a batch of one column, compares with the single-process
-layer to float32 rounding, and counts your collectives.
+layer to float32 rounding, counts your collectives, and checks that the tensors it gave
+come back unchanged.
 """
 
 ROW_SKELETON = """
@@ -662,10 +692,15 @@ def row_rank_task(namespace: dict, rank: int, world_size: int) -> list:
         h, weight, bias = _row_inputs(case, index)
         columns = torch.tensor_split(torch.arange(case[1]), world_size)[rank]
         seen: List[tuple] = []
+        given = (h[:, columns].clone(), weight[:, columns].clone(), bias.clone())
+        kept = [tensor.clone() for tensor in given]
         with called(ROW_COLLECTIVES, seen):
-            got = mine(h[:, columns].clone(), weight[:, columns].clone(), bias.clone())
+            got = mine(*given)
         results.append({"got": got.detach().clone() if torch.is_tensor(got) else got,
-                        "seen": seen, "columns": len(columns)})
+                        "seen": seen, "columns": len(columns),
+                        "changed": [name for name, now, before in zip(
+                            ("h_local", "weight_local", "bias"), given, kept)
+                            if not torch.equal(now, before)]})
     return results
 
 
@@ -689,6 +724,15 @@ def row_judge(ranks: List[list]) -> tuple:
             if message:
                 return failed(f"batch {case[0]}, {case[1]} input features over {n} ranks "
                               f"(rank {rank} holds {result['columns']}): {message}")
+    changed = next(((rank, cases) for rank, cases in enumerate(ranks)
+                    for result in cases if result.get("changed")), None)
+    if changed:
+        rank, cases = changed
+        name = next(result["changed"][0] for result in cases if result.get("changed"))
+        return failed(f"the right output, but rank {rank}'s call changed the {name} it was "
+                      f"given: the layer's {name} is the caller's (the bias and weights are "
+                      "the model's, used again at the next forward) — compute into new "
+                      "tensors (bias / world_size, not bias /= world_size)")
     return passed(f"the single-process layer's output on every rank, in {len(ROW_CASES)} "
                   "cases (uneven and empty slices, a batch of one), with one all-reduce each")
 

@@ -2464,6 +2464,123 @@ def exact_val_loss(losses):
     dist.all_reduce(every)
     return float(every.mean())
 ''', "sends every sample's loss to the other ranks (all_reduce)"),
+    # Found 2026-12-07 by trying slips the catalogues lacked: each was called correct until
+    # its case came (two nodes' LOCAL_* variables, a changing rate, names sharing a first
+    # letter, new memory behind .grad or the tensor, the caller's bias changed).
+    ('03.average_gradients', 'p.grad.data = ... (new storage)', '''
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    size = float(dist.get_world_size())
+    for param in model.parameters():
+        dist.all_reduce(param.grad.data, op=dist.ReduceOp.SUM)
+        param.grad.data = param.grad.data / size
+''', 'new memory behind the old one'),
+    ('03.average_gradients', 'divides by LOCAL_WORLD_SIZE', '''
+import os
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    world = int(os.environ["LOCAL_WORLD_SIZE"])  # torchrun's --nproc-per-node
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world
+''', 'divide by the world size'),
+    ('10.sum_stats', 'sorted by key=lambda item: item[0] on the keys', '''
+import torch
+import torch.distributed as dist
+
+
+def sum_stats(stats):
+    names = sorted(stats, key=lambda item: item[0])
+    values = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(names, values.tolist()))
+''', 'agree on one order'),
+    ('11.row_parallel', 'bias /= world size in place', '''
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    bias /= dist.get_world_size()  # every rank adds its share of the bias
+    out = h_local @ weight_local.T + bias
+    dist.all_reduce(out)
+    return out
+''', 'changed the bias it was given'),
+    ('11.row_parallel', 'bias on LOCAL_RANK 0 before the sum', '''
+import os
+import torch.distributed as dist
+
+
+def row_parallel_forward(h_local, weight_local, bias):
+    partial = h_local @ weight_local.T
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        partial = partial + bias
+    dist.all_reduce(partial)
+    return partial
+''', 'the bias counted 2 times'),
+    ('11.zero1_step', 'lr folded into the buffer (v = 0.9 v + lr g; p -= v)', '''
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if i % world == rank:
+                v = state.setdefault(i, torch.zeros_like(p))
+                v.mul_(0.9).add_(p.grad, alpha=lr)
+                p.sub_(v)
+            dist.broadcast(p, src=i % world)
+''', 'the rate went into the buffer'),
+    ('11.zero1_step', 'owner compared with LOCAL_RANK', '''
+import os
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(params, state, lr):
+    rank = int(os.environ["LOCAL_RANK"])
+    world = dist.get_world_size()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if i % world == rank:
+                buf = state.setdefault(i, torch.zeros_like(p))
+                buf.mul_(0.9).add_(p.grad)
+                p.sub_(lr * buf)
+            dist.broadcast(p, src=i % world)
+''', 'never moved'),
+    ('09.ring_all_reduce', 'result computed in a copy, then tensor.data = result', '''
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    flat = tensor.flatten().clone()
+    chunks = torch.tensor_split(flat, n)
+    for step in range(n - 1):
+        outgoing, incoming = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+        request = dist.isend(outgoing.clone(), right)
+        received = torch.empty_like(incoming)
+        dist.recv(received, left)
+        request.wait()
+        incoming += received
+    for step in range(n - 1):
+        outgoing, incoming = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
+        request = dist.isend(outgoing.clone(), right)
+        received = torch.empty_like(incoming)
+        dist.recv(received, left)
+        request.wait()
+        incoming.copy_(received)
+    tensor.data = flat.view_as(tensor)
+    return tensor
+''', 'now holds new memory'),
 ]
 
 
