@@ -1,6 +1,8 @@
-"""Standard output whose reader may go away while a run trains: its launcher ended
-(horovodrun's middlemen then stop the ranks with SIGTERM), a pipe's reader left. The run
-ends as it would, recorded so; its lines go to /dev/null from then on."""
+"""Standard output that cannot take what is written to it. A command's (``kosmoss env >
+/dev/full``) is bad input, told from the failure of a file the command reads by watching
+sys.stdout (``watched_stdout``). A run's reader may go away while it trains (its launcher
+ended: horovodrun's middlemen then stop the ranks with SIGTERM; a pipe's reader left): the
+run ends as it would, recorded so, its lines going to /dev/null from then on."""
 from __future__ import annotations
 
 import contextlib
@@ -96,4 +98,5 @@ def watched_stdout() -> Iterator[_Watched]:
 
 
 def failed_on_stdout(err: BaseException, watched: Optional[_Watched]) -> bool:
+    """Whether ``err`` is the error sys.stdout raised while watched."""
     return watched is not None and watched.failure is not None and watched.failure is err
