@@ -31,7 +31,7 @@ class ReaderMayLeave:
     lost = False
 
     def write(self, text: str) -> int:
-        if not self.lost:
+        if not self.lost and sys.stdout is not None:  # None: started with stdout closed
             try:
                 return sys.stdout.write(text)
             except OSError:
@@ -39,7 +39,7 @@ class ReaderMayLeave:
         return len(text)
 
     def flush(self) -> None:
-        if not self.lost:
+        if not self.lost and sys.stdout is not None:
             try:
                 sys.stdout.flush()
             except OSError:
@@ -50,7 +50,7 @@ class ReaderMayLeave:
         silence_stdout()
 
     def isatty(self) -> bool:
-        return sys.stdout.isatty()
+        return sys.stdout is not None and sys.stdout.isatty()
 
     def fileno(self) -> int:
         return sys.stdout.fileno()
@@ -85,9 +85,12 @@ class _Watched:
 
 
 @contextlib.contextmanager
-def watched_stdout() -> Iterator[_Watched]:
+def watched_stdout() -> Iterator[Optional[_Watched]]:
     """sys.stdout, watched while a command runs: an OSError that is its own failure
     (``> /dev/full``) can be told from one of a file the command reads or writes."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print() writes nothing
+        yield None
+        return
     watched = _Watched(sys.stdout)
     sys.stdout = watched
     try:

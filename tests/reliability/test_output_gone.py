@@ -86,3 +86,18 @@ def test_any_command_whose_output_cannot_be_written_says_so_in_one_line(command,
     assert done.stderr.splitlines() == [
         f"kosmoss {command[0]}: error: standard output cannot be written (No space left on "
         "device): send it to a terminal or a file that takes it"]
+
+
+@pytest.mark.parametrize("command", [["-m", "kosmoss", "env"],
+                                     ["trainup_cpu.py", *ARGS, "--max-steps", "3"]],
+                         ids=["kosmoss env", "trainup_cpu.py, progress bar on"])
+def test_a_closed_standard_output_is_no_error(command, shared_home, tmp_path):
+    """Started with stdout closed (`>&-`): Python's sys.stdout is None and print() writes
+    nothing; the watch and the progress bar's file must not turn that into a traceback."""
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "tiny").symlink_to(shared_home / "data" / "tiny")
+    done = subprocess.run([sys.executable, *command], cwd=REPO, env=_env(home),
+                          stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
